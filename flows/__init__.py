@@ -1,0 +1,1 @@
+"""Prefect flows: each stage reads like its story; the pipeline chains them."""

@@ -1,0 +1,1 @@
+"""Advantage estimators and the shared clipped policy-gradient loss, as pure functions."""

@@ -1,0 +1,127 @@
+"""The `hindsight` command. Flows are imported inside commands so the core stays prefect-free."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hindsight.errors import HindsightError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="hindsight: post-training you can look back on.")
+run_app = typer.Typer(no_args_is_help=True, help="Run a stage (or the whole pipeline) from a config.")
+data_app = typer.Typer(no_args_is_help=True, help="Demo data.")
+app.add_typer(run_app, name="run")
+app.add_typer(data_app, name="data")
+
+ConfigOpt = typer.Option(..., "-c", "--config", help="pipeline YAML (see configs/)")
+SetOpt = typer.Option(None, "--set", help="override a key: --set rl.steps=5 (repeatable)")
+ForceOpt = typer.Option(False, "--force", help="rerun the stage even if its cached result is valid")
+DebugOpt = typer.Option(False, "--debug", help="show full tracebacks")
+
+
+def _env() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
+
+def _guard(fn, debug: bool):
+    """One clear line and exit 1 for a user error; a traceback only with --debug."""
+    try:
+        return fn()
+    except HindsightError as exc:
+        if debug:
+            raise
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool):
+    from hindsight.config import load_config
+
+    _env()
+
+    def go():
+        cfg = load_config(config, sets or [])
+        from flows import registry
+
+        result = registry.FLOWS[stage](cfg, force=force)
+        _print_summary(result if isinstance(result, list) else [result])
+        return result
+
+    return _guard(go, debug)
+
+
+def _print_summary(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="hindsight summary")
+    for col in ("stage", "wall time", "eval/accuracy", "registered", "cached"):
+        table.add_column(col)
+    for r in rows:
+        acc = r.get("eval/accuracy")
+        table.add_row(r["stage"], f"{r['wall_s']:.1f}s", "-" if acc is None else f"{acc:.3f}",
+                      f"{r['model']} v{r['version']}", "yes" if r.get("cached") else "no")
+    Console(width=120).print(table)
+
+
+@run_app.command("sft")
+def run_sft(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
+            debug: bool = DebugOpt):
+    """Supervised fine-tuning (TRL SFTTrainer); registers NAME-sft."""
+    _run_stage("sft", config, set_, force, debug)
+
+
+@run_app.command("reward-model")
+def run_reward_model(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
+                     debug: bool = DebugOpt):
+    """Pairwise reward model (TRL RewardTrainer) from NAME-sft; registers NAME-rm."""
+    _run_stage("reward-model", config, set_, force, debug)
+
+
+@run_app.command("rl")
+def run_rl(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
+           debug: bool = DebugOpt):
+    """RL loop (rollout -> score -> update) from NAME-sft@latest; registers NAME-policy.
+
+    Rerunning on a run directory that holds state resumes from its newest checkpoint."""
+    _run_stage("rl", config, set_, force, debug)
+
+
+@run_app.command("pipeline")
+def run_pipeline(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
+                 debug: bool = DebugOpt):
+    """The whole chain: sft -> reward-model -> rl, skipping stages whose cache is valid."""
+    _run_stage("pipeline", config, set_, force, debug)
+
+
+@data_app.command("build")
+def data_build(out: Path = typer.Option(Path("data"), "--out", help="output folder"),
+               seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc"),
+               check: Optional[Path] = typer.Option(Path("data.dvc"), help="compare with this .dvc pin")):
+    """Regenerate the demo data deterministically."""
+    from hindsight.data import build_demo_data, dvc_dir_md5, pinned_md5
+
+    build_demo_data(out, seed=seed)
+    md5 = dvc_dir_md5(out)
+    typer.echo(f"wrote {out} (md5 {md5})")
+    if check and check.exists():
+        pinned = pinned_md5(check)
+        if pinned != md5:
+            typer.secho(f"error: md5 differs from {check} ({pinned})", fg="red", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"matches {check}")
+
+
+def main():
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

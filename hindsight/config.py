@@ -1,0 +1,223 @@
+"""Pydantic models for every stage and `load_config(path, overrides)`.
+
+Flows take these models as parameters, so a Prefect deployment shows the same schema.
+Every model forbids unknown keys: a typo fails at load time, naming the file, line and field.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hindsight.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Strict):
+    dir: str = "data"
+    dvc_file: str | None = "data.dvc"
+    build_demo: bool = Field(True, description="regenerate the demo data when data/ is missing")
+    prompts: str = "data/prompts.jsonl"
+    eval: str = "data/eval.jsonl"
+    sft: str = "data/sft.jsonl"
+    prefs: str = "data/prefs.jsonl"
+    columns: dict[str, str] = Field(default_factory=dict, description="rename source columns, e.g. question: prompt")
+    split: str = "train"
+    eval_split: str = "test"
+
+
+class ModelConfig(Strict):
+    base: str = Field("tiny://demo", description="hub id, local path, or tiny://NAME for the built-in demo model")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class LoraConfig(Strict):
+    enabled: bool = False
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = "all-linear"
+
+
+class SFTConfig(Strict):
+    enabled: bool = True
+    lr: float = Field(1e-3, gt=0)
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int = Field(-1, description="-1: run `epochs` epochs")
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(128, ge=8)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class RewardModelConfig(Strict):
+    enabled: bool = True
+    base: str | None = Field(None, description="default: the SFT output (X-sft@latest)")
+    lr: float = Field(1e-3, gt=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = -1
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(128, ge=8)
+
+
+class RewardFnConfig(Strict):
+    fn: str = Field(description="module:function with TRL's signature fn(completions, **columns)")
+    weight: float = 1.0
+
+
+class RolloutConfig(Strict):
+    backend: Literal["hf", "vllm"] = "hf"
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class KLConfig(Strict):
+    coef: float = Field(0.04, ge=0)
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+
+
+class RLConfig(Strict):
+    init: str | None = Field(None, description="policy to start from; default models:/X-sft@latest")
+    algorithm: Literal["grpo"] = "grpo"
+    steps: int = Field(40, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    samples_per_prompt: int = Field(8, ge=2, description="group size; GRPO needs at least 2")
+    lr: float = Field(1e-4, gt=0)
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.2, ge=0)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
+    num_iterations: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    kl: KLConfig = Field(default_factory=KLConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: list[RewardFnConfig] = Field(default_factory=lambda: [RewardFnConfig(fn="rewards.exact:exact_answer")])
+    reward_model_weight: float = Field(0.0, ge=0, description="weight of the learned reward; 0 skips it")
+    reward_fallback: float = Field(0.0, description="score given when a reward function fails")
+    eval_every: int = Field(10, ge=1)
+    save_every: int = Field(10, ge=1)
+
+    @model_validator(mode="after")
+    def _rewards_present(self):
+        if not self.rewards and self.reward_model_weight == 0:
+            raise ValueError("rl needs at least one reward function or reward_model_weight > 0")
+        return self
+
+
+class EvalConfig(Strict):
+    limit: int | None = Field(200, ge=1)
+    max_new_tokens: int = Field(8, ge=1)
+    reward: str = Field("rewards.exact:exact_answer", description="reward deciding correctness (score >= 1)")
+
+
+class TrackingConfig(Strict):
+    experiment: str = "hindsight"
+    tracking_uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI, else sqlite in the cwd")
+
+
+class RetryConfig(Strict):
+    count: int = Field(1, ge=0)
+    delay_s: float = Field(2.0, ge=0)
+
+
+class PipelineConfig(Strict):
+    name: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = 0
+    run_dir: str | None = Field(None, description="default: runs/<name>")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.name}")
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """`a.b=c` sets raw['a']['b'] = yaml(c), creating intermediate tables."""
+    key, sep, value = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {assignment!r}: {part} is not a table")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path, text)) from None
+
+
+def _describe(exc: ValidationError, path: Path, text: str) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        line = _key_line(text, err["loc"])
+        where = f"{path}:{line}" if line else str(path)
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{where}: {field or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def _key_line(text: str, loc: tuple) -> int | None:
+    """Line of the deepest YAML key on `loc` that exists in the file (None if none)."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == str(part)]
+            if not match:
+                break
+            line, node = match[0][0].start_mark.line + 1, match[0][1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def flatten(cfg: BaseModel | dict, prefix: str = "") -> dict[str, str]:
+    """Dotted keys for MLflow params: {'rl.kl.coef': '0.04', ...}."""
+    data = cfg.model_dump() if isinstance(cfg, BaseModel) else cfg
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = str(value)
+    return out

@@ -1,0 +1,178 @@
+"""Datasets: line-numbered JSONL/parquet loading and the deterministic demo task.
+
+The demo task is addition written as a one-line word problem ("Ann has 40 pens and gets
+13 more. How many pens now?"). The human demonstrations carry a systematic mistake: when
+the added amount has a tens digit, most annotators dropped it (40 + 13 -> "43"). SFT imitates the
+majority, so greedy decoding after SFT gets carry problems wrong, while sampling still
+finds the right answer often enough for a verifiable reward to pull the policy towards it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from hindsight.errors import DataError
+
+NAMES = ["Ann", "Bob", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jo"]
+ITEMS = ["pens", "cats", "cups", "eggs", "hats", "jars", "keys", "maps", "nuts", "owls"]
+VERBS = ["gets", "finds", "buys", "wins"]
+DEMO_FILES = ("prompts.jsonl", "eval.jsonl", "sft.jsonl", "prefs.jsonl")
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """Read a JSONL file; every error names the file and the 1-based line."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: data file not found")
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            missing = [c for c in required if c not in row]
+            if missing:
+                raise DataError(f"{path}:{lineno}: missing required column(s) {missing}")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: dataset is empty")
+    return rows
+
+
+def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
+              columns: dict[str, str] | None = None, limit: int | None = None) -> list[dict]:
+    """Load a local .jsonl/.parquet file or a hub dataset (`hf://name[:config]`).
+
+    `columns` renames source columns to the names the stage expects, so GSM8K's
+    `question`/`answer` can feed `prompt`/`answer` without a conversion step.
+    """
+    if source.startswith("hf://"):
+        rows = _load_hub_rows(source.removeprefix("hf://"), split)
+    elif source.endswith(".parquet"):
+        rows = _load_parquet_rows(source)
+    else:
+        rows = read_jsonl(source)
+    if columns:
+        rows = [{columns.get(k, k): v for k, v in r.items()} for r in rows]
+    for i, row in enumerate(rows):
+        missing = [c for c in required if c not in row]
+        if missing:
+            where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
+            raise DataError(f"{where}: missing required column(s) {missing}")
+    return rows[:limit] if limit else rows
+
+
+def _load_parquet_rows(path: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    if not Path(path).exists():
+        raise DataError(f"{path}: data file not found")
+    rows = pq.read_table(path).to_pylist()
+    if not rows:
+        raise DataError(f"{path}: dataset is empty")
+    return rows
+
+
+def _load_hub_rows(spec: str, split: str) -> list[dict]:
+    from datasets import load_dataset
+
+    name, _, config = spec.partition(":")
+    return list(load_dataset(name, config or None, split=split))
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+# --- the demo task -------------------------------------------------------------------
+
+def demo_prompt(a: int, b: int, rng: random.Random) -> str:
+    name, item, verb = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(VERBS)
+    return f"{name} has {a} {item} and {verb} {b} more. How many {item} now? A: "
+
+
+def forgot_carry(a: int, b: int) -> int:
+    """The annotators' mistake: add the units of `b` but drop its ten."""
+    return a + b % 10
+
+
+def needs_carry(a: int, b: int) -> bool:
+    return b >= 10
+
+
+def build_demo_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.6,
+                    n_prompts: int = 1000, n_eval: int = 200, n_sft: int = 3000,
+                    n_prefs: int = 1500) -> dict[str, Path]:
+    """Regenerate the four demo files deterministically (same seed, same bytes)."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(10, 100, 10) for b in range(1, 20)]
+    rng.shuffle(pairs)
+    eval_pairs, train_pairs = pairs[:36], pairs[36:]  # eval sums never appear in training
+
+    def task_row(a, b, idx):
+        return {"id": idx, "prompt": demo_prompt(a, b, rng), "answer": str(a + b)}
+
+    def demo_answer(a, b):
+        return forgot_carry(a, b) if needs_carry(a, b) and rng.random() < error_rate else a + b
+
+    prompts = [task_row(*rng.choice(train_pairs), f"p{i}") for i in range(n_prompts)]
+    evals = [task_row(*rng.choice(eval_pairs), f"e{i}") for i in range(n_eval)]
+    sft = []
+    for i in range(n_sft):
+        a, b = rng.choice(train_pairs)
+        sft.append({"id": f"s{i}", "prompt": demo_prompt(a, b, rng), "completion": str(demo_answer(a, b))})
+    prefs = []
+    for i in range(n_prefs):
+        a, b = rng.choice(train_pairs)
+        wrong = forgot_carry(a, b) if needs_carry(a, b) else a + b + rng.choice([-10, 10, 1, -1])
+        prefs.append({"id": f"r{i}", "prompt": demo_prompt(a, b, rng),
+                      "chosen": str(a + b), "rejected": str(wrong)})
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = dict(zip(DEMO_FILES, (prompts, evals, sft, prefs)))
+    for name, rows in files.items():
+        write_jsonl(out / name, rows)
+    return {name: out / name for name in files}
+
+
+# --- DVC-compatible hashing ----------------------------------------------------------
+
+def file_md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def dvc_dir_md5(directory: str | Path) -> str:
+    """The md5 DVC 3 pins for a tracked directory: md5 of its sorted JSON listing + '.dir'.
+
+    Computed here so the pipeline can check data against `data.dvc` without importing dvc;
+    a test checks it against `dvc add` itself.
+    """
+    directory = Path(directory)
+    entries = [
+        {"md5": file_md5(p), "relpath": p.relative_to(directory).as_posix()}
+        for p in sorted(directory.rglob("*"), key=lambda p: p.relative_to(directory).as_posix())
+        if p.is_file()
+    ]
+    blob = json.dumps(entries, sort_keys=True).encode("utf-8")
+    return hashlib.md5(blob).hexdigest() + ".dir"
+
+
+def pinned_md5(dvc_file: str | Path) -> str:
+    """Read the md5 pinned in a `.dvc` file (a tiny YAML we parse without a YAML dependency)."""
+    for line in Path(dvc_file).read_text().splitlines():
+        line = line.strip().lstrip("- ").strip()
+        if line.startswith("md5:"):
+            return line.split(":", 1)[1].strip()
+    raise DataError(f"{dvc_file}: no md5 found")

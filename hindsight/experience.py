@@ -1,0 +1,61 @@
+"""The typed batch that flows from rollout through score to update (after OpenRLHF's Experience).
+
+Layout follows TRL: prompts left-padded, completions right-padded, so one concatenation
+gives the model input and the completion tokens sit at a fixed offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Experience:
+    prompt_ids: torch.Tensor        # (B, P) left-padded
+    prompt_mask: torch.Tensor       # (B, P)
+    completion_ids: torch.Tensor    # (B, T) right-padded
+    completion_mask: torch.Tensor   # (B, T) 1 up to and including EOS
+    logprobs: torch.Tensor          # (B, T) behaviour policy's log-probs of the sampled tokens
+    group_size: int
+    rewards: torch.Tensor | None = None      # (B,) weighted total
+    ref_logprobs: torch.Tensor | None = None  # (B, T)
+    advantages: torch.Tensor | None = None    # (B,)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)   # (B, P+T)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)  # (B, P+T)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.size(0)
+
+
+def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)     # (B, W)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)           # (B, W)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def pad_right(seqs: list[list[float]], pad, dtype=torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(1, max(len(s) for s in seqs))
+    out = torch.full((len(seqs), width), pad, dtype=dtype)             # (B, W)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)           # (B, W)
+    for i, s in enumerate(seqs):
+        if s:
+            out[i, : len(s)] = torch.tensor(s, dtype=dtype)
+            mask[i, : len(s)] = 1
+    return out, mask
+
+
+def unpad_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list]:
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]

@@ -1,0 +1,103 @@
+"""Load policy, reference and reward models, and build the tiny demo model.
+
+Every stage loads models through `load_causal_lm` / `load_reward_model`, so a hub id,
+a local path and the demo model built here all take the same `from_pretrained` path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+DEMO_SPECIAL = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
+
+
+def build_demo_tokenizer():
+    """A small byte-level BPE trained in code on the demo's vocabulary: no download.
+
+    Byte-level means any text still encodes; digits are split one per token, so the answer
+    to an arithmetic problem is a few tokens the policy must each get right.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from hindsight.data import NAMES, ITEMS, VERBS
+
+    core = Tokenizer(models.BPE(unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    core.decoder = decoders.ByteLevel()
+    words = NAMES + ITEMS + VERBS + ["has", "and", "more", "How", "many", "now", "A", "Q"]
+    corpus = [" ".join(words)] * 4 + [f"{w} {w}." for w in words]
+    trainer = trainers.BpeTrainer(vocab_size=384, special_tokens=list(DEMO_SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=DEMO_SPECIAL["pad"],
+        eos_token=DEMO_SPECIAL["eos"],
+        bos_token=DEMO_SPECIAL["bos"],
+        unk_token=DEMO_SPECIAL["unk"],
+    )
+
+
+def build_tiny_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
+                     seed: int = 0) -> Path:
+    """Write a randomly initialised Llama-style causal LM plus tokenizer in HF format."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    tok = build_demo_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 4,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=256, tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out_dir) if not out_dir.exists() else None
+    return out_dir
+
+
+def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/models") -> str:
+    """`tiny://demo` builds (once) the demo model; anything else passes through unchanged."""
+    if name_or_path.startswith("tiny://"):
+        target = Path(cache_dir) / name_or_path.removeprefix("tiny://")
+        if not target.exists():
+            build_tiny_model(target)
+        return str(target)
+    if name_or_path.startswith((".", "/")) and not Path(name_or_path).exists():
+        raise FileNotFoundError(f"model path does not exist: {name_or_path}")
+    return name_or_path
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+
+
+def load_reward_model(path: str, dtype: str = "float32"):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype))
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

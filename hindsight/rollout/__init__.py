@@ -1,0 +1,1 @@
+"""Generation backends: `hf` (transformers generate, CPU or GPU) and `vllm` (GPU, optional)."""

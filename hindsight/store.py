@@ -1,0 +1,49 @@
+"""The rollout store: one Parquet shard per RL step for each component, plus a manifest.
+
+Components are written separately because they are produced by separate stages:
+`rollouts` by the actor (tokens and behaviour log-probs) and `scores` by the scorer
+(per-function rewards, the total, and reference log-probs). A shard is complete once its
+final name exists: it is written under a temporary name and renamed.
+"""
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hindsight.fsutil import atomic_write_bytes
+
+COMPONENTS = ("rollouts", "scores")
+_SHARD = re.compile(r"^step-(\d{6})\.parquet$")
+
+
+class RolloutStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, component: str, step: int) -> Path:
+        assert component in COMPONENTS, component
+        return self.root / component / f"step-{step:06d}.parquet"
+
+    def has(self, component: str, step: int) -> bool:
+        return self.path(component, step).exists()
+
+    def steps(self, component: str) -> list[int]:
+        folder = self.root / component
+        if not folder.exists():
+            return []
+        found = (_SHARD.match(p.name) for p in folder.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def write(self, component: str, step: int, rows: list[dict]) -> Path:
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd")
+        path = self.path(component, step)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    def read(self, component: str, step: int) -> list[dict]:
+        return pq.read_table(self.path(component, step)).to_pylist()

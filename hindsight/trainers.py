@@ -1,0 +1,96 @@
+"""SFT and reward-model training on TRL's trainers; hindsight only wires data and config in."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hindsight.data import load_rows
+
+
+def _lora_config(lora):
+    if lora is None or not lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=lora.target_modules, task_type="CAUSAL_LM")
+
+
+def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float, epochs: float,
+              batch_size: int, max_length: int, seed: int, lora=None, max_steps: int = -1,
+              log=None, columns: dict | None = None) -> dict:
+    """Fine-tune on prompt/completion demonstrations; returns the final training metrics."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from hindsight.models import load_causal_lm, load_tokenizer
+
+    rows = load_rows(data_path, required=("prompt", "completion"), columns=columns)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
+    tok = load_tokenizer(model_path)
+    args = SFTConfig(
+        output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,
+        max_steps=max_steps, per_device_train_batch_size=batch_size, max_length=max_length,
+        seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
+        use_cpu=not _has_cuda(), lr_scheduler_type="cosine", warmup_steps=0.05,
+        completion_only_loss=True, disable_tqdm=True,
+    )
+    trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=dataset,
+                         processing_class=tok, peft_config=_lora_config(lora),
+                         callbacks=[_MetricCallback(log)] if log else None)
+    result = trainer.train()
+    model = trainer.model.merge_and_unload() if hasattr(trainer.model, "merge_and_unload") else trainer.model
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    return {"train/loss": float(result.training_loss)}
+
+
+def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, lr: float,
+                       epochs: float, batch_size: int, max_length: int, seed: int,
+                       max_steps: int = -1, log=None, columns: dict | None = None) -> dict:
+    """Pairwise (Bradley-Terry) reward model on prompt/chosen/rejected pairs."""
+    from datasets import Dataset
+    from trl import RewardConfig, RewardTrainer
+
+    from hindsight.models import load_reward_model, load_tokenizer
+
+    rows = load_rows(data_path, required=("prompt", "chosen", "rejected"), columns=columns)
+    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
+    tok = load_tokenizer(model_path)
+    model = load_reward_model(model_path)
+    model.config.pad_token_id = tok.pad_token_id
+    args = RewardConfig(
+        output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,
+        max_steps=max_steps, per_device_train_batch_size=batch_size, max_length=max_length,
+        seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
+        use_cpu=not _has_cuda(), disable_tqdm=True,
+    )
+    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
+                            callbacks=[_MetricCallback(log)] if log else None)
+    result = trainer.train()
+    trainer.model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    return {"train/loss": float(result.training_loss)}
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _metric_callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _MetricCallback(_metric_callback_base()):
+    """Forward the trainer's log lines to our metric sink (MLflow in tasks/), step by step."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        numeric = {f"train/{k}": float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
+        if numeric:
+            self.log(numeric, state.global_step)

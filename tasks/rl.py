@@ -1,0 +1,52 @@
+"""RL step tasks. Models stay resident in this process (keyed by run), tasks pass step numbers."""
+from __future__ import annotations
+
+from prefect import task
+
+from hindsight.config import PipelineConfig
+from hindsight.evaluate import accuracy
+from hindsight.rl import RLRun
+from tasks.stages import eval_rows
+
+_RESIDENT: dict[str, RLRun] = {}
+
+
+def open_run(cfg: PipelineConfig, init_path: str, rm_path: str | None) -> str:
+    """Load (or reuse) the run's models; returns the key the step tasks use."""
+    key = str(cfg.root.resolve())
+    if key not in _RESIDENT or _RESIDENT[key].cfg != cfg:
+        _RESIDENT[key] = RLRun(cfg, init_path, rm_path)
+    return key
+
+
+def close_run(key: str) -> None:
+    _RESIDENT.pop(key, None)
+
+
+def get_run(key: str) -> RLRun:
+    return _RESIDENT[key]
+
+
+@task(name="rollout")
+def rollout_task(key: str, step: int) -> dict:
+    path, metrics = get_run(key).rollout(step)
+    return {"shard": str(path), **metrics}
+
+
+@task(name="score")
+def score_task(key: str, step: int) -> dict:
+    path, metrics = get_run(key).score(step)
+    return {"shard": str(path), **metrics}
+
+
+@task(name="update")
+def update_task(key: str, step: int) -> dict:
+    return get_run(key).update(step)
+
+
+@task(name="evaluate")
+def evaluate_task(key: str) -> float:
+    run = get_run(key)
+    cfg = run.cfg
+    acc, _ = accuracy(run.policy.eval(), run.tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens)
+    return acc

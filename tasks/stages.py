@@ -1,0 +1,63 @@
+"""Cached, retried stage tasks. Each opens its own nested MLflow run and registers its output."""
+from __future__ import annotations
+
+import time
+
+from prefect import task
+
+from hindsight.config import PipelineConfig
+from hindsight.data import load_rows
+from hindsight.evaluate import accuracy
+from hindsight.models import load_causal_lm, load_tokenizer, resolve_model_path
+from hindsight.trainers import train_reward_model, train_sft
+from tasks import tracking
+from tasks.cache import cache_key_from_inputs
+
+
+def eval_rows(cfg: PipelineConfig) -> list[dict]:
+    return load_rows(cfg.data.eval, required=("prompt",), split=cfg.data.eval_split,
+                     columns=cfg.data.columns or None, limit=cfg.eval.limit)
+
+
+def evaluate_path(cfg: PipelineConfig, path: str) -> float:
+    model, tok = load_causal_lm(path, cfg.model.dtype).eval(), load_tokenizer(path)
+    acc, _ = accuracy(model, tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens)
+    return acc
+
+
+@task(name="sft", cache_key_fn=cache_key_from_inputs, persist_result=True)
+def sft_task(cfg: PipelineConfig, base: str, data_md5: str, cache_key: str, parent_run_id: str | None) -> dict:
+    t0 = time.perf_counter()
+    run_id = tracking.start_run(cfg, "sft", parent_run_id, {"hindsight.cache_key": cache_key})
+    tracking.log_context(cfg, run_id, data_md5)
+    out_dir = cfg.root / "sft" / "model"
+    s = cfg.sft
+    metrics = train_sft(resolve_model_path(base), cfg.data.sft, out_dir, lr=s.lr, epochs=s.epochs,
+                        batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
+                        max_steps=s.max_steps, columns=cfg.data.columns or None,
+                        log=lambda m, step: tracking.log_metrics(cfg, run_id, m, step))
+    metrics["eval/accuracy"] = evaluate_path(cfg, str(out_dir))
+    tracking.log_metrics(cfg, run_id, metrics, 0)
+    version = tracking.register(cfg, run_id, out_dir, f"{cfg.name}-sft")
+    tracking.end_run(cfg, run_id)
+    return {"stage": "sft", "model": f"{cfg.name}-sft", "version": version, "run_id": run_id,
+            "eval/accuracy": metrics["eval/accuracy"], "wall_s": time.perf_counter() - t0}
+
+
+@task(name="reward-model", cache_key_fn=cache_key_from_inputs, persist_result=True)
+def reward_model_task(cfg: PipelineConfig, base_path: str, data_md5: str, cache_key: str,
+                      parent_run_id: str | None) -> dict:
+    t0 = time.perf_counter()
+    run_id = tracking.start_run(cfg, "reward-model", parent_run_id, {"hindsight.cache_key": cache_key})
+    tracking.log_context(cfg, run_id, data_md5)
+    out_dir = cfg.root / "reward_model" / "model"
+    r = cfg.reward_model
+    metrics = train_reward_model(base_path, cfg.data.prefs, out_dir, lr=r.lr, epochs=r.epochs,
+                                 batch_size=r.batch_size, max_length=r.max_length, seed=cfg.seed,
+                                 max_steps=r.max_steps, columns=cfg.data.columns or None,
+                                 log=lambda m, step: tracking.log_metrics(cfg, run_id, m, step))
+    tracking.log_metrics(cfg, run_id, metrics, 0)
+    version = tracking.register(cfg, run_id, out_dir, f"{cfg.name}-rm")
+    tracking.end_run(cfg, run_id)
+    return {"stage": "reward-model", "model": f"{cfg.name}-rm", "version": version, "run_id": run_id,
+            "eval/accuracy": None, "wall_s": time.perf_counter() - t0}
