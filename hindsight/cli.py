@@ -111,7 +111,7 @@ def data_build(out: Path = typer.Option(Path("data"), "--out", help="output fold
     build_demo_data(out, seed=seed)
     md5 = dvc_dir_md5(out)
     typer.echo(f"wrote {out} (md5 {md5})")
-    if check and check.exists():
+    if check and check.is_file():
         pinned = pinned_md5(check)
         if pinned != md5:
             typer.secho(f"error: md5 differs from {check} ({pinned})", fg="red", err=True)
