@@ -74,6 +74,7 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings):
         per_token = per_token + s.kl_coef * kl
     loss = aggregate(per_token, mask, s.agg, s.max_len)
     m = mask.to(logp.dtype)
+    logp, kl, ratio = logp.detach(), kl.detach(), ratio.detach()  # statistics only, no graph
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     clipped = ((ratio < 1 - s.eps_low) & (adv < 0)) | ((ratio > 1 + s.eps_high) & (adv > 0))  # (B, T)
     n = m.sum().clamp(min=1.0)

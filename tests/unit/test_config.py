@@ -1,0 +1,65 @@
+from pathlib import Path
+
+import pytest
+
+from hindsight.config import flatten, load_config
+from hindsight.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("configs/**/*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.name
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_unknown_key_names_file_line_and_field(tmp_path):
+    p = _write(tmp_path, "name: x\nrl:\n  steps: 3\n  stepz: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert f"{p}:4: rl.stepz: unknown key" in str(err.value)
+
+
+def test_wrong_type_names_field(tmp_path):
+    p = _write(tmp_path, "rl:\n  lr: fast\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2: rl.lr: Input should be a valid number"):
+        load_config(p)
+
+
+def test_out_of_range_group_size(tmp_path):
+    p = _write(tmp_path, "rl:\n  samples_per_prompt: 1\n")
+    with pytest.raises(ConfigError, match=r"rl.samples_per_prompt: Input should be greater than or equal to 2"):
+        load_config(p)
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    p = _write(tmp_path, "name: x\nrl: [steps: 3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:\d+: malformed YAML"):
+        load_config(p)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_set_overrides_nested_keys_with_yaml_types(tmp_path):
+    p = _write(tmp_path, "name: x\n")
+    cfg = load_config(p, ["rl.steps=7", "rl.kl.coef=0.5", "sft.lora.enabled=true"])
+    assert (cfg.rl.steps, cfg.rl.kl.coef, cfg.sft.lora.enabled) == (7, 0.5, True)
+    with pytest.raises(ConfigError, match="rl.nope: unknown key"):
+        load_config(p, ["rl.nope=1"])
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        load_config(p, ["rl.steps"])
+
+
+def test_flatten_gives_dotted_params():
+    flat = flatten(load_config(ROOT / "configs/demo.yaml"))
+    assert flat["rl.kl.coef"] == "0.02" and flat["name"] == "demo"
