@@ -31,6 +31,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings) -> dict[str, f
     mask = exp.completion_mask                                               # (B, T)
     model.train()
     metrics: dict[str, float] = {}
+    ratios: dict[str, float] = {}
     for it in range(s.num_iterations):
         logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
                                        s.temperature, with_entropy=True)     # (B, T), (B, T)
@@ -42,6 +43,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings) -> dict[str, f
         m = mask.to(entropy.dtype)
         metrics = {"loss": float(loss), "grad_norm": float(grad_norm),
                    "entropy": float((entropy.detach() * m).sum() / m.sum().clamp(min=1)), **stats}
-        metrics[f"ratio_mean/iter{it}"] = stats["ratio_mean"]
+        ratios[f"ratio_mean/iter{it}"] = stats["ratio_mean"]
+    metrics.update(ratios)
     metrics["zero_std_groups"] = float(zero_variance_groups(exp.rewards, exp.group_size).float().mean())
     return metrics

@@ -1,0 +1,78 @@
+"""The whole chain on the smoke config, through the real CLI, Prefect and an MLflow sqlite store."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _hindsight(args, cwd, env):
+    return subprocess.run([sys.executable, "-m", "hindsight.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pipeline")
+    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
+           "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    first = _hindsight(["run", "pipeline", "-c", str(ROOT / "configs/smoke.yaml")], work, env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    return work, env, first
+
+
+def test_pipeline_registers_every_stage_with_aliases(smoke_run):
+    work, env, _ = smoke_run
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
+    for name in ("smoke-sft", "smoke-rm", "smoke-policy"):
+        mv = client.get_model_version_by_alias(name, "latest")
+        assert str(mv.version) == "1"
+        assert client.download_artifacts(mv.run_id, "checkpoint", str(work / f"dl-{name}"))
+        assert (work / f"dl-{name}" / "checkpoint" / "config.json").exists()
+
+
+def test_pipeline_logs_nested_runs_and_metrics(smoke_run):
+    _, env, _ = smoke_run
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("hindsight")
+    runs = client.search_runs([exp.experiment_id])
+    by_name = {r.info.run_name: r for r in runs}
+    parent = by_name["pipeline"]
+    for stage in ("sft", "reward-model", "rl"):
+        run = by_name[stage]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["data.md5"].endswith(".dir")
+        assert run.data.tags["version.trl"] and run.data.tags["git.commit"]
+        assert run.data.params["rl.samples_per_prompt"] == "4"
+    rl = by_name["rl"].info.run_id
+    for metric in ("reward/mean", "kl", "entropy", "loss", "response_length/mean"):
+        steps = [m.step for m in client.get_metric_history(rl, metric)]
+        assert steps == [1, 2, 3, 4], metric
+    acc_steps = [m.step for m in client.get_metric_history(rl, "eval/accuracy")]
+    assert acc_steps[0] == 0 and acc_steps[-1] == 4
+    assert client.get_metric_history(by_name["sft"].info.run_id, "eval/accuracy")
+
+
+def test_rollouts_are_persisted_between_tasks(smoke_run):
+    work, _, _ = smoke_run
+    rl_dir = work / "runs" / "smoke" / "rl"
+    for comp in ("rollouts", "scores"):
+        assert sorted(p.name for p in (rl_dir / comp).glob("*.parquet")) == \
+            [f"step-{i:06d}.parquet" for i in range(4)]
+
+
+def test_rerun_reuses_cached_stages_and_rl_alone_resolves_registry(smoke_run):
+    work, env, _ = smoke_run
+    again = _hindsight(["run", "pipeline", "-c", str(ROOT / "configs/smoke.yaml")], work, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("Cached(type=COMPLETED)") + again.stderr.count("Cached(type=COMPLETED)") >= 3
+    # rl alone, in a new process, resolving smoke-sft@latest from the registry; --force reruns it
+    alone = _hindsight(["run", "rl", "-c", str(ROOT / "configs/smoke.yaml"), "--force",
+                        "--set", "run_dir=runs/smoke-alone"], work, env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
+    assert str(client.get_model_version_by_alias("smoke-policy", "latest").version) == "2"

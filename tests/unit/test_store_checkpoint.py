@@ -1,0 +1,46 @@
+import torch
+
+from hindsight.checkpoint import CheckpointManager
+from hindsight.errors import CheckpointError
+from hindsight.models import build_tiny_model, load_causal_lm, load_tokenizer
+from hindsight.rl import prompt_indices
+from hindsight.store import RolloutStore
+
+
+def test_store_round_trip_and_step_listing(tmp_path):
+    store = RolloutStore(tmp_path)
+    store.write("rollouts", 3, [{"a": 1, "ids": [1, 2]}])
+    store.write("rollouts", 1, [{"a": 2, "ids": []}])
+    (tmp_path / "rollouts" / ".step-000002.parquet.tmp-1").write_bytes(b"half")  # a torn write
+    assert store.steps("rollouts") == [1, 3]
+    assert store.read("rollouts", 3) == [{"a": 1, "ids": [1, 2]}]
+    assert not store.has("scores", 3)
+
+
+def test_checkpoint_versions_retention_and_corruption(tmp_path):
+    path = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
+    model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    ck = CheckpointManager(tmp_path / "ck", keep_last=2)
+    for step in (2, 4, 6):
+        ck.save(step, model, tok, opt)
+    assert ck.latest_step() == 6
+    assert sorted(p.name for p in (tmp_path / "ck" / "policy").iterdir()) == ["step-000004", "step-000006"]
+    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ck.load_optimizer(6, opt2)
+    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    (tmp_path / "ck" / "optimizer" / "step-000006.pt").write_bytes(b"truncated")
+    try:
+        ck.load_optimizer(6, opt2)
+        raise AssertionError("corrupt checkpoint loaded")
+    except CheckpointError as exc:
+        assert "step-000006.pt: corrupt or truncated checkpoint" in str(exc)
+
+
+def test_prompt_cursor_is_a_pure_function_of_step():
+    a = [prompt_indices(10, 4, s, seed=0) for s in range(5)]
+    assert a == [prompt_indices(10, 4, s, seed=0) for s in range(5)]
+    first_epoch = sorted(i for s in range(2) for i in a[s]) + sorted(a[2][:2])
+    assert sorted(first_epoch) == list(range(10))  # every prompt once per epoch
