@@ -36,6 +36,17 @@ def rl_task(cfg: PipelineConfig, init_path: str, rm_path: str | None, data_md5: 
     run_id = tracking.start_run(cfg, "rl", parent_run_id, {"hindsight.cache_key": cache_key})
     tracking.log_context(cfg, run_id, data_md5)
     key = open_run(cfg, init_path, rm_path)
+    try:
+        return _train(cfg, key, run_id, t0)
+    except BaseException:
+        tracking.end_run(cfg, run_id, "FAILED")
+        raise
+    finally:
+        close_run(key)
+
+
+def _train(cfg: PipelineConfig, key: str, run_id: str, t0: float) -> dict:
+    """The stage's story: evaluate, then rollout -> score -> update per step, evaluate, register."""
     run = get_run(key)
     log = lambda m, step: tracking.log_metrics(cfg, run_id, m, step)  # noqa: E731
     if run.start_step:
@@ -52,7 +63,6 @@ def rl_task(cfg: PipelineConfig, init_path: str, rm_path: str | None, data_md5: 
     final_dir = run.ckpt.policy_dir(cfg.rl.steps)
     version = tracking.register(cfg, run_id, final_dir, f"{cfg.name}-policy")
     tracking.end_run(cfg, run_id)
-    close_run(key)
     return {"stage": "rl", "model": f"{cfg.name}-policy", "version": version, "run_id": run_id,
             "eval/accuracy": final_acc, "wall_s": time.perf_counter() - t0}
 

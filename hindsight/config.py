@@ -70,7 +70,7 @@ class RewardFnConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf"] = Field("hf", description="transformers generate; vllm is planned, not built")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

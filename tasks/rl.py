@@ -12,10 +12,13 @@ _RESIDENT: dict[str, RLRun] = {}
 
 
 def open_run(cfg: PipelineConfig, init_path: str, rm_path: str | None) -> str:
-    """Load (or reuse) the run's models; returns the key the step tasks use."""
+    """Load the run's models from its newest checkpoint; returns the key the step tasks use.
+
+    Always a fresh load: after a failed attempt the in-memory policy may be ahead of the
+    newest checkpoint, and a retry must resume from what is on disk.
+    """
     key = str(cfg.root.resolve())
-    if key not in _RESIDENT or _RESIDENT[key].cfg != cfg:
-        _RESIDENT[key] = RLRun(cfg, init_path, rm_path)
+    _RESIDENT[key] = RLRun(cfg, init_path, rm_path)
     return key
 
 
