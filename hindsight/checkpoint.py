@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from hindsight.errors import CheckpointError
+from hindsight.faults import crash_point
 from hindsight.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, read_json
 
 
@@ -48,6 +49,7 @@ class CheckpointManager:
         self._save_tensor_file(self.root / "optimizer" / f"step-{step:06d}.pt", optimizer.state_dict())
         rng = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
         self._save_tensor_file(self.root / "rng" / f"step-{step:06d}.pt", rng)
+        crash_point("checkpoint", step)  # components written, manifest not yet: the torn case
         manifest = {**self.manifest(), **(extra or {}),
                     "step": step, "policy": step, "optimizer": step, "rng": step}
         atomic_write_json(self.manifest_path, manifest)

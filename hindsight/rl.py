@@ -18,10 +18,12 @@ from hindsight.algorithms.losses import LossSettings
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
+from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
 from hindsight.learner import LearnerSettings, update
 from hindsight.logprobs import sequence_scores, token_logprobs
 from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
+from hindsight.reward_worker import RewardWorker
 from hindsight.rollout.hf import generate
 from hindsight.scoring import score_completions
 from hindsight.store import RolloutStore
@@ -60,6 +62,7 @@ class RLRun:
         if start:
             self.ckpt.load_optimizer(start, self.optimizer)
         self.start_step = start or 0
+        self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.settings = LearnerSettings(
             num_iterations=self.rl.num_iterations, max_grad_norm=self.rl.max_grad_norm,
             temperature=self.rl.rollout.temperature, scale_rewards=self.rl.scale_rewards,
@@ -91,6 +94,7 @@ class RLRun:
                 "columns": json.dumps({k: v for k, v in src.items() if k != "prompt"}),
             })
         n_tokens = int(exp.completion_mask.sum())
+        crash_point("rollout", step)
         return self.store.write("rollouts", step, rows), {"time/rollout_s": seconds,
                                                           "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)}
 
@@ -103,7 +107,8 @@ class RLRun:
         columns = [json.loads(r["columns"]) for r in rows]
         keys = sorted({k for c in columns for k in c})
         result = score_completions([(f.fn, f.weight) for f in self.rl.rewards], [r["completion"] for r in rows],
-                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback)
+                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
+                                   self.reward_worker, self.rl.reward_timeout_s)
         exp = self.experience_from_rows(rows)
         ref = None
         with torch.no_grad():
@@ -120,7 +125,12 @@ class RLRun:
                         "ref_logprobs": ref[j, :n].tolist() if ref is not None else None})
         metrics = {f"reward/failures/{k}": float(v) for k, v in result.failures.items()}
         metrics["time/score_s"] = time.perf_counter() - t0
+        crash_point("score", step)
         return self.store.write("scores", step, out), metrics
+
+    def close(self) -> None:
+        if self.reward_worker is not None:
+            self.reward_worker.close()
 
     # --- update -------------------------------------------------------------------------
     def experience_from_rows(self, rows: list[dict], scores: list[dict] | None = None) -> Experience:
@@ -149,6 +159,7 @@ class RLRun:
         })
         for key in [k for k in scores[0] if k.startswith("reward_")]:
             metrics[f"reward/{key.removeprefix('reward_')}"] = sum(s[key] for s in scores) / len(scores)
+        crash_point("update", step)
         done = step + 1
         if done % self.rl.save_every == 0 or done == self.rl.steps:
             self.ckpt.save(done, self.policy, self.tok, self.optimizer)

@@ -43,18 +43,29 @@ class ScoreResult:
 
 
 def score_completions(specs: list[tuple[str, float]], completions: list[str], columns: dict[str, list],
-                      fallback: float = 0.0) -> ScoreResult:
-    """Weighted sum of reward functions. `columns` map a dataset field to one value per completion."""
+                      fallback: float = 0.0, worker=None, timeout_s: float = 60.0) -> ScoreResult:
+    """Weighted sum of reward functions. `columns` map a dataset field to one value per completion.
+
+    With a `RewardWorker`, each call runs in its process and is bounded by `timeout_s`;
+    without one, calls run inline (for tests and trusted rewards).
+    """
     per_fn: dict[str, list[float]] = {}
     failures: dict[str, int] = {}
     total = [0.0] * len(completions)
     for spec, weight in specs:
         name = reward_name(spec)
-        scores, n_failed = _call_reward(spec, load_reward_fn(spec), completions, columns, fallback)
+        fn = load_reward_fn(spec)  # import errors surface here, in the parent, as a config error
+        if worker is not None:
+            fn = _remote(worker, spec, timeout_s)
+        scores, n_failed = _call_reward(spec, fn, completions, columns, fallback)
         per_fn[name] = scores
         failures[name] = n_failed
         total = [t + weight * s for t, s in zip(total, scores)]
     return ScoreResult(total, per_fn, failures)
+
+
+def _remote(worker, spec: str, timeout_s: float):
+    return lambda completions, **columns: worker.call(spec, completions, columns, timeout_s)
 
 
 def _call_reward(spec, fn, completions, columns, fallback) -> tuple[list[float], int]:

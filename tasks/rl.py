@@ -23,7 +23,9 @@ def open_run(cfg: PipelineConfig, init_path: str, rm_path: str | None) -> str:
 
 
 def close_run(key: str) -> None:
-    _RESIDENT.pop(key, None)
+    run = _RESIDENT.pop(key, None)
+    if run is not None:
+        run.close()
 
 
 def get_run(key: str) -> RLRun:

@@ -70,3 +70,29 @@ def test_unimportable_reward_is_a_clear_error():
         load_reward_fn("rewards.exact:nope")
     with pytest.raises(RewardError, match="expected 'module:function'"):
         load_reward_fn("rewards.exact")
+
+
+def test_reward_worker_bounds_a_hanging_reward_and_recovers(tmp_path, monkeypatch):
+    import time
+
+    from hindsight.reward_worker import RewardWorker
+
+    (tmp_path / "slow_rewards.py").write_text(
+        "import time, math\n"
+        "def hang(completions, **_):\n    time.sleep(3600)\n"
+        "def boom(completions, **_):\n    raise ValueError('bad reward')\n"
+        "def nan(completions, **_):\n    return [math.nan for _ in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    worker = RewardWorker()
+    try:
+        t0 = time.monotonic()
+        res = score_completions([("slow_rewards:hang", 1.0)], ["a", "b"], {}, fallback=-1.0, worker=worker, timeout_s=2)
+        assert time.monotonic() - t0 < 6  # the hang cost its timeout, not forever
+        assert res.total == [-1.0, -1.0] and res.failures == {"hang": 2}
+        res = score_completions([("slow_rewards:boom", 1.0), ("rewards.exact:exact_answer", 1.0)], ["53", "4"],
+                                {"answer": ["53", "53"]}, fallback=0.0, worker=worker, timeout_s=10)
+        assert res.total == [1.0, 0.0] and res.failures == {"boom": 2, "exact_answer": 0}
+        res = score_completions([("slow_rewards:nan", 1.0)], ["a"], {}, fallback=0.25, worker=worker, timeout_s=10)
+        assert res.total == [0.25] and res.failures == {"nan": 1}
+    finally:
+        worker.close()
