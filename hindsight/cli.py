@@ -20,6 +20,7 @@ ConfigOpt = typer.Option(..., "-c", "--config", help="pipeline YAML (see configs
 SetOpt = typer.Option(None, "--set", help="override a key: --set rl.steps=5 (repeatable)")
 ForceOpt = typer.Option(False, "--force", help="rerun the stage even if its cached result is valid")
 DebugOpt = typer.Option(False, "--debug", help="show full tracebacks")
+NewRunOpt = typer.Option(False, "--force-new-run", help="move incompatible RL state aside and start the RL stage anew")
 
 
 def _env() -> None:
@@ -41,13 +42,20 @@ def _guard(fn, debug: bool):
         raise typer.Exit(1) from None
 
 
-def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool):
+def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool,
+               force_new_run: bool = False):
     from hindsight.config import load_config
 
     _env()
 
     def go():
         cfg = load_config(config, sets or [])
+        if force_new_run:
+            from hindsight.rl import archive_run_dir
+
+            moved = archive_run_dir(cfg.root / "rl")
+            if moved:
+                typer.echo(f"moved previous RL state to {moved}")
         from flows import registry
 
         result = registry.FLOWS[stage](cfg, force=force)
@@ -87,18 +95,18 @@ def run_reward_model(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOp
 
 @run_app.command("rl")
 def run_rl(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
-           debug: bool = DebugOpt):
+           debug: bool = DebugOpt, force_new_run: bool = NewRunOpt):
     """RL loop (rollout -> score -> update) from NAME-sft@latest; registers NAME-policy.
 
     Rerunning on a run directory that holds state resumes from its newest checkpoint."""
-    _run_stage("rl", config, set_, force, debug)
+    _run_stage("rl", config, set_, force or force_new_run, debug, force_new_run)
 
 
 @run_app.command("pipeline")
 def run_pipeline(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
-                 debug: bool = DebugOpt):
+                 debug: bool = DebugOpt, force_new_run: bool = NewRunOpt):
     """The whole chain: sft -> reward-model -> rl, skipping stages whose cache is valid."""
-    _run_stage("pipeline", config, set_, force, debug)
+    _run_stage("pipeline", config, set_, force, debug, force_new_run)
 
 
 @data_app.command("build")

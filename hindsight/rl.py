@@ -17,6 +17,7 @@ import torch
 from hindsight.algorithms.losses import LossSettings
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
+from hindsight.errors import CheckpointError
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
@@ -44,6 +45,27 @@ def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int
     return out
 
 
+def check_compatible(manifest: dict, fingerprint: dict, run_dir: Path) -> None:
+    """Refuse to resume state produced under settings that change what was stored."""
+    stored = manifest.get("fingerprint")
+    if not stored:
+        return
+    diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: stored {stored.get(k)!r}, config {fingerprint.get(k)!r}" for k in diff)
+        raise CheckpointError(f"{run_dir}: cannot resume, the stored state is incompatible ({detail}); "
+                              f"rerun with --force-new-run to move it aside and start over")
+
+
+def archive_run_dir(run_dir: Path) -> Path | None:
+    """--force-new-run: move old state aside (never delete it) so the run starts fresh."""
+    if not run_dir.exists():
+        return None
+    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(target)
+    return target
+
+
 class RLRun:
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
@@ -53,6 +75,10 @@ class RLRun:
         self.rows = load_rows(cfg.data.prompts, required=("prompt",), split=cfg.data.split,
                               columns=cfg.data.columns or None)
         self.tok = load_tokenizer(init_path)
+        self.fingerprint = {"init": init_path, "algorithm": self.rl.algorithm, "seed": cfg.seed,
+                            "samples_per_prompt": self.rl.samples_per_prompt,
+                            "prompts_per_step": self.rl.prompts_per_step, "prompts": cfg.data.prompts}
+        check_compatible(self.ckpt.manifest(), self.fingerprint, self.dir)
         start = self.ckpt.latest_step()
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)
@@ -162,5 +188,5 @@ class RLRun:
         crash_point("update", step)
         done = step + 1
         if done % self.rl.save_every == 0 or done == self.rl.steps:
-            self.ckpt.save(done, self.policy, self.tok, self.optimizer)
+            self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint})
         return metrics

@@ -44,3 +44,21 @@ def test_prompt_cursor_is_a_pure_function_of_step():
     assert a == [prompt_indices(10, 4, s, seed=0) for s in range(5)]
     first_epoch = sorted(i for s in range(2) for i in a[s]) + sorted(a[2][:2])
     assert sorted(first_epoch) == list(range(10))  # every prompt once per epoch
+
+
+def test_incompatible_resume_names_the_differing_keys(tmp_path):
+    from hindsight.errors import CheckpointError
+    from hindsight.rl import archive_run_dir, check_compatible
+
+    stored = {"fingerprint": {"init": "m", "algorithm": "grpo", "samples_per_prompt": 8}}
+    check_compatible(stored, {"init": "m", "algorithm": "grpo", "samples_per_prompt": 8}, tmp_path)
+    check_compatible({}, {"init": "x"}, tmp_path)  # no state yet: nothing to compare
+    try:
+        check_compatible(stored, {"init": "m", "algorithm": "grpo", "samples_per_prompt": 4}, tmp_path)
+        raise AssertionError("incompatible resume accepted")
+    except CheckpointError as exc:
+        assert "samples_per_prompt: stored 8, config 4" in str(exc) and "--force-new-run" in str(exc)
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "keep.txt").write_text("old state")
+    moved = archive_run_dir(tmp_path / "rl")
+    assert not (tmp_path / "rl").exists() and (moved / "keep.txt").read_text() == "old state"
