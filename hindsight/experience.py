@@ -55,7 +55,3 @@ def pad_right(seqs: list[list[float]], pad, dtype=torch.long) -> tuple[torch.Ten
             out[i, : len(s)] = torch.tensor(s, dtype=dtype)
             mask[i, : len(s)] = 1
     return out, mask
-
-
-def unpad_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list]:
-    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]

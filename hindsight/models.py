@@ -97,7 +97,3 @@ def load_reward_model(path: str, dtype: str = "float32"):
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype))
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())

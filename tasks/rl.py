@@ -4,9 +4,8 @@ from __future__ import annotations
 from prefect import task
 
 from hindsight.config import PipelineConfig
-from hindsight.evaluate import accuracy
 from hindsight.rl import RLRun
-from tasks.stages import eval_rows
+from tasks.stages import evaluate_model
 
 _RESIDENT: dict[str, RLRun] = {}
 
@@ -52,6 +51,4 @@ def update_task(key: str, step: int) -> dict:
 @task(name="evaluate")
 def evaluate_task(key: str) -> float:
     run = get_run(key)
-    cfg = run.cfg
-    acc, _ = accuracy(run.policy.eval(), run.tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens)
-    return acc
+    return evaluate_model(run.cfg, run.policy, run.tok)

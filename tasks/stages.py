@@ -19,10 +19,14 @@ def eval_rows(cfg: PipelineConfig) -> list[dict]:
                      columns=cfg.data.columns or None, limit=cfg.eval.limit)
 
 
-def evaluate_path(cfg: PipelineConfig, path: str) -> float:
-    model, tok = load_causal_lm(path, cfg.model.dtype).eval(), load_tokenizer(path)
-    acc, _ = accuracy(model, tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens)
+def evaluate_model(cfg: PipelineConfig, model, tok) -> float:
+    """Held-out accuracy with the config's eval settings; every stage reports it the same way."""
+    acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens)
     return acc
+
+
+def evaluate_path(cfg: PipelineConfig, path: str) -> float:
+    return evaluate_model(cfg, load_causal_lm(path, cfg.model.dtype), load_tokenizer(path))
 
 
 @task(name="sft", cache_key_fn=cache_key_from_inputs, persist_result=True)

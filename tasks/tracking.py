@@ -144,7 +144,3 @@ def resolve_model(cfg: PipelineConfig, uri: str) -> tuple[str, str]:
                 p.rename(dst / p.name)
             nested.rmdir()
     return str(dst), f"{mv.name}/{mv.version}"
-
-
-def log_artifact(cfg: PipelineConfig, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
-    client(cfg).log_artifact(run_id, str(path), artifact_path)
