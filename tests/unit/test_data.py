@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from hindsight.data import build_demo_data, dvc_dir_md5, forgot_carry, load_rows, read_jsonl
+from hindsight.data import build_demo_data, dvc_dir_md5, forgot_carry, load_rows, pinned_md5, read_jsonl
 from hindsight.errors import DataError
 
 
@@ -68,14 +68,11 @@ def test_dvc_dir_md5_matches_dvc_itself(tmp_path):
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["dvc", "add", "-q", "data"], cwd=tmp_path, check=True)
-    pinned = [l.split(":", 1)[1].strip() for l in (tmp_path / "data.dvc").read_text().splitlines() if "md5:" in l][0]
-    assert dvc_dir_md5(tmp_path / "data") == pinned
+    assert dvc_dir_md5(tmp_path / "data") == pinned_md5(tmp_path / "data.dvc")
 
 
 def test_repo_data_dvc_pin_matches_the_builder(tmp_path):
     from pathlib import Path
-
-    from hindsight.data import pinned_md5
 
     root = Path(__file__).resolve().parents[2]
     build_demo_data(tmp_path / "data")
