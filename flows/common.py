@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hindsight.config import PipelineConfig
 from hindsight.data import DEMO_FILES, build_demo_data, dvc_dir_md5, pinned_md5
-from hindsight.errors import DataError
+from hindsight.errors import DataError, HindsightError, StageError
 
 log = logging.getLogger("hindsight")
 
@@ -39,7 +39,29 @@ def rm_uri(cfg: PipelineConfig) -> str:
     return f"models:/{cfg.name}-rm@latest"
 
 
-def retried(task_fn, cfg: PipelineConfig, force: bool):
-    """Apply the config's retry policy, and `force` as a cache refresh."""
-    return task_fn.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
-                                refresh_cache=force)
+def run_stage(stage: str, task_fn, cfg: PipelineConfig, force: bool):
+    """The stage task with the config's retry policy, and `force` as a cache refresh.
+
+    Only unexpected failures are retried: a `HindsightError` is bad input, and would fail
+    the same way again. Once retries are spent, the error names the stage and its cause.
+    """
+    task = task_fn.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
+                                refresh_cache=force, retry_condition_fn=_transient)
+
+    def call(*args):
+        try:
+            return task(*args)
+        except HindsightError as exc:
+            raise type(exc)(f"stage {stage}: {exc}") from exc
+        except Exception as exc:
+            raise StageError(
+                f"stage {stage} failed after {cfg.retries.count + 1} attempt(s): {type(exc).__name__}: {exc}. "
+                f"Its state under {cfg.root} is kept; rerun the same command to resume (--debug for the traceback)"
+            ) from exc
+
+    return call
+
+
+def _transient(task, task_run, state) -> bool:
+    exc = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
+    return not isinstance(exc, HindsightError)

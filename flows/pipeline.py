@@ -10,12 +10,15 @@ from flows.reward_model import reward_model_flow
 from flows.rl import rl_flow
 from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
+from hindsight.preflight import check_inputs
 from tasks import tracking
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(cfg: PipelineConfig, force: bool = False) -> list[dict]:
     data_md5 = ensure_data(cfg)
+    stages = [name for name, on in (("sft", cfg.sft.enabled), ("reward-model", cfg.reward_model.enabled), ("rl", True)) if on]
+    check_inputs(cfg, stages)  # a bad RL reward fails now, not after SFT has trained
     parent = tracking.start_run(cfg, "pipeline")
     tracking.log_context(cfg, parent, data_md5)
     summary = []

@@ -9,8 +9,9 @@ import time
 
 from prefect import flow, task
 
-from flows.common import ensure_data, retried, rm_uri, sft_uri
+from flows.common import ensure_data, rm_uri, run_stage, sft_uri
 from hindsight.config import PipelineConfig
+from hindsight.preflight import check_inputs
 from tasks import tracking
 from tasks.cache import cache_key_from_inputs, stage_key
 from tasks.rl import close_run, evaluate_task, get_run, open_run, rollout_task, score_task, update_task
@@ -20,29 +21,27 @@ from tasks.tracking import resolve_model
 @flow(name="rl", log_prints=True)
 def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> dict:
     data_md5 = ensure_data(cfg)
-    init_path, init_version = resolve_model(cfg, cfg.rl.init or sft_uri(cfg))
-    rm_path, rm_version = resolve_model(cfg, rm_uri(cfg)) if cfg.rl.reward_model_weight > 0 else (None, None)
+    check_inputs(cfg, ["rl"])
+    init_path, init_version = resolve_model(cfg, cfg.rl.init or sft_uri(cfg), "rl.init")
+    rm_path, rm_version = resolve_model(cfg, rm_uri(cfg), "rl.reward_model_weight (needs NAME-rm)") if cfg.rl.reward_model_weight > 0 else (None, None)
     key = stage_key("rl", {"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(), "seed": cfg.seed,
                            "data": cfg.data.model_dump(), "eval": cfg.eval.model_dump(), "name": cfg.name,
                            "run_dir": str(cfg.root)},
                     {"init": init_version, "rm": rm_version, "data_md5": data_md5})
-    return retried(rl_task, cfg, force)(cfg, init_path, rm_path, data_md5, key, parent_run_id)
+    return run_stage("rl", rl_task, cfg, force)(cfg, init_path, rm_path, data_md5, key, parent_run_id)
 
 
 @task(name="rl-stage", cache_key_fn=cache_key_from_inputs, persist_result=True)
 def rl_task(cfg: PipelineConfig, init_path: str, rm_path: str | None, data_md5: str, cache_key: str,
             parent_run_id: str | None) -> dict:
     t0 = time.perf_counter()
-    run_id = tracking.start_run(cfg, "rl", parent_run_id, {"hindsight.cache_key": cache_key})
-    tracking.log_context(cfg, run_id, data_md5)
-    key = open_run(cfg, init_path, rm_path)
-    try:
-        return _train(cfg, key, run_id, t0)
-    except BaseException:
-        tracking.end_run(cfg, run_id, "FAILED")
-        raise
-    finally:
-        close_run(key)
+    with tracking.stage_run(cfg, "rl", parent_run_id, {"hindsight.cache_key": cache_key}) as run_id:
+        tracking.log_context(cfg, run_id, data_md5)
+        key = open_run(cfg, init_path, rm_path)
+        try:
+            return _train(cfg, key, run_id, t0)
+        finally:
+            close_run(key)
 
 
 def _train(cfg: PipelineConfig, key: str, run_id: str, t0: float) -> dict:

@@ -1,6 +1,7 @@
 """The `hindsight` command. Flows are imported inside commands so the core stays prefect-free."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -31,6 +32,24 @@ def _env() -> None:
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 
+class _NoUserErrorTracebacks(logging.Filter):
+    """Prefect logs every failed task with its traceback; for bad input (a HindsightError)
+    the one-line message is the whole story, so the traceback is kept for --debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HindsightError) or isinstance(getattr(exc, "__cause__", None), HindsightError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_user_errors() -> None:
+    loggers = [logging.getLogger()] + [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
+                                       if n.startswith(("prefect", "hindsight"))]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        handler.addFilter(_NoUserErrorTracebacks())
+
+
 def _guard(fn, debug: bool):
     """One clear line and exit 1 for a user error; a traceback only with --debug."""
     try:
@@ -58,6 +77,8 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
                 typer.echo(f"moved previous RL state to {moved}")
         from flows import registry
 
+        if not debug:
+            _quiet_user_errors()
         result = registry.FLOWS[stage](cfg, force=force)
         _print_summary(result if isinstance(result, list) else [result])
         return result

@@ -6,12 +6,22 @@ Every model forbids unknown keys: a typo fails at load time, naming the file, li
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hindsight.errors import ConfigError
+
+
+def _reward_spec(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+        raise ValueError(f"{value!r}: expected 'module:function', e.g. rewards.exact:exact_answer")
+    return value
+
+
+RewardSpec = Annotated[str, AfterValidator(_reward_spec)]
 
 
 class Strict(BaseModel):
@@ -65,7 +75,7 @@ class RewardModelConfig(Strict):
 
 
 class RewardFnConfig(Strict):
-    fn: str = Field(description="module:function with TRL's signature fn(completions, **columns)")
+    fn: RewardSpec = Field(description="module:function with TRL's signature fn(completions, **columns)")
     weight: float = 1.0
 
 
@@ -103,7 +113,8 @@ class RLConfig(Strict):
     reward_isolation: Literal["process", "inline"] = Field(
         "process", description="process: rewards run in a killable worker process; inline: in the trainer")
     eval_every: int = Field(10, ge=1)
-    save_every: int = Field(10, ge=1)
+    save_every: int = Field(10, ge=1, description="checkpoint weights, optimizer and RNG every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="weight versions kept; the newest complete one is never deleted")
 
     @model_validator(mode="after")
     def _rewards_present(self):
@@ -115,7 +126,7 @@ class RLConfig(Strict):
 class EvalConfig(Strict):
     limit: int | None = Field(200, ge=1)
     max_new_tokens: int = Field(8, ge=1)
-    reward: str = Field("rewards.exact:exact_answer", description="reward deciding correctness (score >= 1)")
+    reward: RewardSpec = Field("rewards.exact:exact_answer", description="reward deciding correctness (score >= 1)")
 
 
 class TrackingConfig(Strict):

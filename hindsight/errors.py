@@ -1,4 +1,4 @@
-"""One exception type for every bad input, so the CLI can print one clear line and exit non-zero."""
+"""One exception family for every user-facing failure, so the CLI prints one clear line and exits 1."""
 
 
 class HindsightError(Exception):
@@ -19,3 +19,11 @@ class RewardError(HindsightError):
 
 class CheckpointError(HindsightError):
     pass
+
+
+class StorageError(HindsightError):
+    """A write failed (disk full, quota, permissions); the newest complete state is untouched."""
+
+
+class StageError(HindsightError):
+    """A stage failed after its retries; the message names the stage and the cause."""

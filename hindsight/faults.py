@@ -1,12 +1,38 @@
-"""Fault injection for the crash tests: `HINDSIGHT_FAULT=point:step` SIGKILLs this process
-when execution reaches that point at that step. Unset (always, outside tests) it does nothing."""
+"""Fault injection for the crash and retry tests. Unset (always, outside tests) it does nothing.
+
+`HINDSIGHT_FAULT` holds one spec:
+    point:step            SIGKILL this process when execution reaches `point` at `step`
+    raise:point:step      raise a transient RuntimeError there, once per process (a retry passes)
+    fail:point:step       raise a RuntimeError there every time (retries cannot help)
+    disk_full:SUBSTRING   every atomic write whose path contains SUBSTRING fails with ENOSPC
+                          after writing half its bytes, as a full disk would
+"""
 from __future__ import annotations
 
+import errno
 import os
 import signal
+
+_raised: set[str] = set()
 
 
 def crash_point(point: str, step: int) -> None:
     spec = os.environ.get("HINDSIGHT_FAULT")
-    if spec and spec == f"{point}:{step}":
+    if not spec:
+        return
+    if spec == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if spec == f"raise:{point}:{step}" and spec not in _raised:
+        _raised.add(spec)
+        raise RuntimeError(f"injected transient fault at {point} step {step}")
+    if spec == f"fail:{point}:{step}":
+        raise RuntimeError(f"injected permanent fault at {point} step {step}")
+
+
+def disk_full(path) -> bool:
+    spec = os.environ.get("HINDSIGHT_FAULT", "")
+    return spec.startswith("disk_full:") and spec.removeprefix("disk_full:") in str(path)
+
+
+def enospc(path) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

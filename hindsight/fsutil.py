@@ -1,29 +1,47 @@
 """Atomic file writes: write to a temporary name in the same folder, fsync, then rename.
 
 A rename within one filesystem is atomic, so a reader (or a resume after SIGKILL) sees
-either the old complete file or the new complete one, never a torn write.
+either the old complete file or the new complete one, never a torn write. A write that
+fails (a full disk) removes its temporary file and raises `StorageError` naming the path.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 from pathlib import Path
 
+from hindsight.errors import StorageError
+from hindsight.faults import disk_full, enospc
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
+            if disk_full(path):
+                fh.write(data[: len(data) // 2])
+                raise enospc(tmp)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _storage_error(path, exc) from exc
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _storage_error(path: Path, exc: OSError) -> StorageError:
+    why = "disk full" if exc.errno in _NO_SPACE else f"{exc.strerror or exc}"
+    return StorageError(f"{path}: write failed ({why}); the partial file was removed and the newest "
+                        f"complete state is kept: fix the cause and rerun the same command to resume")
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -35,12 +53,16 @@ def atomic_dir(final: Path, fill) -> Path:
     final = Path(final)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         fill(tmp)
+        if disk_full(final):
+            raise enospc(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as exc:
+        raise _storage_error(final, exc) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -50,4 +72,8 @@ def read_json(path: Path, default=None):
     path = Path(path)
     if not path.exists():
         return default
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StorageError(f"{path}: corrupt JSON ({exc}); restore it or move the run directory aside") from None
+

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from hindsight.errors import CheckpointError, ConfigError
+
 DEMO_SPECIAL = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
 
 
@@ -66,22 +68,34 @@ def build_tiny_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, he
     return out_dir
 
 
-def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/models") -> str:
-    """`tiny://demo` builds (once) the demo model; anything else passes through unchanged."""
+def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/models",
+                       field: str = "model.base") -> str:
+    """`tiny://demo` builds (once) the demo model; a local path must exist; a hub id passes."""
     if name_or_path.startswith("tiny://"):
         target = Path(cache_dir) / name_or_path.removeprefix("tiny://")
         if not target.exists():
             build_tiny_model(target)
         return str(target)
-    if name_or_path.startswith((".", "/")) and not Path(name_or_path).exists():
-        raise FileNotFoundError(f"model path does not exist: {name_or_path}")
+    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
+    if looks_local and not Path(name_or_path).expanduser().is_dir():
+        raise ConfigError(f"{field}: model path {name_or_path} does not exist (expected a model folder)")
     return name_or_path
+
+
+def _loading(path: str, what: str, load):
+    """from_pretrained fails in many ways (missing files, truncated safetensors, offline hub);
+    each becomes one error naming the path."""
+    try:
+        return load()
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"{path}: cannot load {what} ({type(exc).__name__}: {first})") from exc
 
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = _loading(path, "tokenizer", lambda: AutoTokenizer.from_pretrained(path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -90,10 +104,11 @@ def load_tokenizer(path: str):
 def load_causal_lm(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return _loading(path, "model", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
 
 
 def load_reward_model(path: str, dtype: str = "float32"):
     from transformers import AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype))
+    return _loading(path, "reward model", lambda: AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=getattr(torch, dtype)))

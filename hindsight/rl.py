@@ -26,7 +26,7 @@ from hindsight.logprobs import sequence_scores, token_logprobs
 from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
 from hindsight.rollout.hf import generate
-from hindsight.scoring import score_completions
+from hindsight.scoring import load_reward_fn, score_completions
 from hindsight.store import RolloutStore
 
 
@@ -71,7 +71,7 @@ class RLRun:
         self.cfg, self.rl = cfg, cfg.rl
         self.dir = cfg.root / "rl"
         self.store = RolloutStore(self.dir)
-        self.ckpt = CheckpointManager(self.dir / "checkpoints")
+        self.ckpt = CheckpointManager(self.dir / "checkpoints", keep_last=self.rl.keep_checkpoints)
         self.rows = load_rows(cfg.data.prompts, required=("prompt",), split=cfg.data.split,
                               columns=cfg.data.columns or None)
         self.tok = load_tokenizer(init_path)
@@ -79,6 +79,8 @@ class RLRun:
                             "samples_per_prompt": self.rl.samples_per_prompt,
                             "prompts_per_step": self.rl.prompts_per_step, "prompts": cfg.data.prompts}
         check_compatible(self.ckpt.manifest(), self.fingerprint, self.dir)
+        for spec in [f.fn for f in self.rl.rewards]:
+            load_reward_fn(spec)  # an unimportable reward fails now, before any sampling
         start = self.ckpt.latest_step()
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)

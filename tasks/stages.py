@@ -8,8 +8,7 @@ from prefect import task
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
 from hindsight.evaluate import accuracy
-from hindsight.models import load_causal_lm, load_tokenizer, resolve_model_path
-from hindsight.trainers import train_reward_model, train_sft
+from hindsight.models import load_causal_lm, load_tokenizer
 from tasks import tracking
 from tasks.cache import cache_key_from_inputs
 
@@ -32,11 +31,17 @@ def evaluate_path(cfg: PipelineConfig, path: str) -> float:
 @task(name="sft", cache_key_fn=cache_key_from_inputs, persist_result=True)
 def sft_task(cfg: PipelineConfig, base: str, data_md5: str, cache_key: str, parent_run_id: str | None) -> dict:
     t0 = time.perf_counter()
-    run_id = tracking.start_run(cfg, "sft", parent_run_id, {"hindsight.cache_key": cache_key})
+    with tracking.stage_run(cfg, "sft", parent_run_id, {"hindsight.cache_key": cache_key}) as run_id:
+        return _sft(cfg, base, data_md5, run_id, t0)
+
+
+def _sft(cfg: PipelineConfig, base: str, data_md5: str, run_id: str, t0: float) -> dict:
+    from hindsight.trainers import train_sft  # TRL and peft take seconds to import; only this stage needs them
+
     tracking.log_context(cfg, run_id, data_md5)
     out_dir = cfg.root / "sft" / "model"
     s = cfg.sft
-    metrics = train_sft(resolve_model_path(base), cfg.data.sft, out_dir, lr=s.lr, epochs=s.epochs,
+    metrics = train_sft(base, cfg.data.sft, out_dir, lr=s.lr, epochs=s.epochs,
                         batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
                         max_steps=s.max_steps, columns=cfg.data.columns or None,
                         log=lambda m, step: tracking.log_metrics(cfg, run_id, m, step))
@@ -52,7 +57,13 @@ def sft_task(cfg: PipelineConfig, base: str, data_md5: str, cache_key: str, pare
 def reward_model_task(cfg: PipelineConfig, base_path: str, data_md5: str, cache_key: str,
                       parent_run_id: str | None) -> dict:
     t0 = time.perf_counter()
-    run_id = tracking.start_run(cfg, "reward-model", parent_run_id, {"hindsight.cache_key": cache_key})
+    with tracking.stage_run(cfg, "reward-model", parent_run_id, {"hindsight.cache_key": cache_key}) as run_id:
+        return _reward_model(cfg, base_path, data_md5, run_id, t0)
+
+
+def _reward_model(cfg: PipelineConfig, base_path: str, data_md5: str, run_id: str, t0: float) -> dict:
+    from hindsight.trainers import train_reward_model
+
     tracking.log_context(cfg, run_id, data_md5)
     out_dir = cfg.root / "reward_model" / "model"
     r = cfg.reward_model

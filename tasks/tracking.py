@@ -6,6 +6,7 @@ Prefect runs tasks in worker threads.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,11 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from prefect.runtime import task_run as prefect_task_run
 
 from hindsight.config import PipelineConfig, flatten
-from hindsight.errors import HindsightError
+from hindsight.errors import ConfigError
+from hindsight.models import resolve_model_path
 
 
 def tracking_uri(cfg: PipelineConfig) -> str:
@@ -48,6 +51,23 @@ def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, 
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = c.create_run(experiment_id(c, cfg), run_name=name, tags=all_tags)
     return run.info.run_id
+
+
+@contextmanager
+def stage_run(cfg: PipelineConfig, name: str, parent_run_id: str | None, tags: dict | None = None):
+    """An MLflow run for one attempt of a stage task.
+
+    Each Prefect attempt gets its own run tagged `hindsight.attempt`; a failed attempt ends
+    FAILED with the cause in `hindsight.error`, so a retry is visible in the MLflow UI.
+    """
+    attempt = prefect_task_run.run_count or 1
+    run_id = start_run(cfg, name, parent_run_id, {**(tags or {}), "hindsight.attempt": str(attempt)})
+    try:
+        yield run_id
+    except BaseException as exc:
+        set_tags(cfg, run_id, {"hindsight.error": f"{type(exc).__name__}: {exc}"[:5000]})
+        end_run(cfg, run_id, "FAILED")
+        raise
 
 
 def log_context(cfg: PipelineConfig, run_id: str, data_md5: str | None) -> None:
@@ -115,13 +135,14 @@ def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name
     return mv.version
 
 
-def resolve_model(cfg: PipelineConfig, uri: str) -> tuple[str, str]:
+def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
     """`models:/NAME@ALIAS` or `models:/NAME/VERSION` -> (local folder, 'NAME/VERSION').
 
-    A plain path or hub id passes through with itself as its version string.
+    A local path, `tiny://` or a hub id resolves through `resolve_model_path`, with itself
+    as its version string. `field` is the config key the uri came from, for error messages.
     """
     if not uri.startswith("models:/"):
-        return uri, uri
+        return resolve_model_path(uri, field=field), uri
     c = client(cfg)
     body = uri.removeprefix("models:/")
     try:
@@ -132,7 +153,7 @@ def resolve_model(cfg: PipelineConfig, uri: str) -> tuple[str, str]:
             name, version = body.rsplit("/", 1)
             mv = c.get_model_version(name, version)
     except MlflowException as exc:
-        raise HindsightError(f"{uri}: not found in the model registry at {c.tracking_uri} "
+        raise ConfigError(f"{field}: {uri} not found in the model registry at {c.tracking_uri} "
                              f"({exc.message.splitlines()[0]}); run the stage that produces it first") from None
     dst = Path(".hindsight") / "registry" / mv.name / str(mv.version)
     if not (dst / "config.json").exists():

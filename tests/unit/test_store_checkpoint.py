@@ -1,7 +1,8 @@
+import pytest
 import torch
 
 from hindsight.checkpoint import CheckpointManager
-from hindsight.errors import CheckpointError
+from hindsight.errors import CheckpointError, StorageError
 from hindsight.models import build_tiny_model, load_causal_lm, load_tokenizer
 from hindsight.rl import prompt_indices
 from hindsight.store import RolloutStore
@@ -62,3 +63,32 @@ def test_incompatible_resume_names_the_differing_keys(tmp_path):
     (tmp_path / "rl" / "keep.txt").write_text("old state")
     moved = archive_run_dir(tmp_path / "rl")
     assert not (tmp_path / "rl").exists() and (moved / "keep.txt").read_text() == "old state"
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_retention_keeps_the_configured_number_of_complete_versions(tmp_path, keep):
+    path = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
+    model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ck = CheckpointManager(tmp_path / "ck", keep_last=keep)
+    for step in (1, 2, 3, 4):
+        ck.save(step, model, tok, opt)
+    kept = [4, 3, 2][:keep]
+    assert sorted(p.name for p in (tmp_path / "ck" / "policy").iterdir()) == [f"step-{s:06d}" for s in sorted(kept)]
+    assert sorted(p.name for p in (tmp_path / "ck" / "optimizer").iterdir()) == [f"step-{s:06d}.pt" for s in sorted(kept)]
+
+
+def test_disk_full_mid_checkpoint_keeps_the_previous_version(tmp_path, monkeypatch):
+    path = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
+    model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ck = CheckpointManager(tmp_path / "ck", keep_last=2)
+    ck.save(2, model, tok, opt)
+    monkeypatch.setenv("HINDSIGHT_FAULT", "disk_full:optimizer/step-000004")
+    with pytest.raises(StorageError, match=r"optimizer/step-000004.pt: write failed \(disk full\)"):
+        ck.save(4, model, tok, opt)
+    assert ck.latest_step() == 2  # the manifest never moved to the torn version
+    assert not [p for p in (tmp_path / "ck").rglob(".*tmp*")], "a temporary file survived"
+    monkeypatch.delenv("HINDSIGHT_FAULT")
+    ck.save(4, model, tok, opt)  # space is back: the same save now completes
+    assert ck.latest_step() == 4

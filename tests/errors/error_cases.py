@@ -1,0 +1,246 @@
+"""How to produce each bad input listed in docs/errors.md.
+
+Each case writes what it needs under its own folder and returns the CLI arguments, extra
+environment, and whether it may leave complete (never partial) state behind: a failure
+after sampling keeps the shards it already finished, so a fixed rerun reuses them.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class Case:
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    keeps_state: bool = False
+
+
+CASES = {}
+
+
+def case(name):
+    def register(fn):
+        CASES[name] = fn
+        return fn
+    return register
+
+
+def base_config(ws, run_dir: Path, **rl) -> dict:
+    """An RL-only run on the demo data from a tiny model: seconds, not minutes."""
+    data = ws.data
+    return {
+        "name": "errs", "seed": 0, "run_dir": str(run_dir),
+        "data": {"dir": str(data), "dvc_file": None, "build_demo": False, "prompts": str(data / "prompts.jsonl"),
+                 "eval": str(data / "eval.jsonl"), "sft": str(data / "sft.jsonl"), "prefs": str(data / "prefs.jsonl")},
+        "sft": {"enabled": False}, "reward_model": {"enabled": False},
+        "rl": {"init": str(ws.init), "steps": 2, "prompts_per_step": 2, "samples_per_prompt": 2, "save_every": 1,
+               "rollout": {"max_new_tokens": 3}, "kl": {"coef": 0.0}, **rl},
+        "eval": {"limit": 4, "max_new_tokens": 3},
+        "retries": {"count": 1, "delay_s": 0},
+    }
+
+
+def write_config(tmp: Path, cfg: dict, name: str = "run.yaml") -> Path:
+    path = tmp / name
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def rl_args(path: Path, *extra: str) -> list[str]:
+    return ["run", "rl", "-c", str(path.name), *extra]
+
+
+def write_text_config(tmp: Path, text: str) -> Case:
+    (tmp / "bad.yaml").write_text(text)
+    return Case(["run", "rl", "-c", "bad.yaml"])
+
+
+@case("yaml-malformed")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  steps: 3\n  rollout: {max_new_tokens: 4\nseed: 1\n")
+
+
+@case("config-missing")
+def _(ws, tmp):
+    return Case(["run", "rl", "-c", "nothere.yaml"])
+
+
+@case("config-not-mapping")
+def _(ws, tmp):
+    return write_text_config(tmp, "- rl\n- sft\n")
+
+
+@case("unknown-key")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\nrl:\n  stepz: 3\n")
+
+
+@case("wrong-type")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  steps: many\n")
+
+
+@case("out-of-range")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  samples_per_prompt: 1\n")
+
+
+@case("bad-name")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: my run\n")
+
+
+@case("no-reward")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  rewards: []\n")
+
+
+@case("reward-spec")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  rewards:\n    - fn: rewards.exact\n")
+
+
+@case("set-syntax")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", "rl.steps"))
+
+
+@case("set-unknown-key")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", "rl.stepz=3"))
+
+
+def with_prompts(ws, tmp, filename: str, text: str | None) -> Case:
+    cfg = base_config(ws, tmp / "run")
+    if text is not None:
+        (tmp / filename).write_text(text)
+    cfg["data"]["prompts"] = filename
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("data-missing")
+def _(ws, tmp):
+    return with_prompts(ws, tmp, "missing.jsonl", None)
+
+
+@case("data-empty")
+def _(ws, tmp):
+    return with_prompts(ws, tmp, "empty.jsonl", "\n")
+
+
+@case("jsonl-malformed")
+def _(ws, tmp):
+    return with_prompts(ws, tmp, "broken.jsonl", '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", \n')
+
+
+@case("jsonl-not-object")
+def _(ws, tmp):
+    return with_prompts(ws, tmp, "list.jsonl", '["1+1=", "2"]\n')
+
+
+@case("column-missing")
+def _(ws, tmp):
+    return with_prompts(ws, tmp, "nocol.jsonl", '{"question": "1+1=", "answer": "2"}\n')
+
+
+@case("data-version")
+def _(ws, tmp):
+    data = tmp / "data"
+    shutil.copytree(ws.data, data)
+    with (data / "prompts.jsonl").open("a") as fh:
+        fh.write(json.dumps({"prompt": "extra row", "answer": "1"}) + "\n")
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"].update({"dir": "data", "dvc_file": str(ws.root / "data.dvc")})
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("reward-unimportable")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "no_such_module:score"}])
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("reward-not-a-function")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "rewards.exact:no_such_fn"}])
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("reward-wrong-length")
+def _(ws, tmp):
+    (tmp / "short_reward.py").write_text("def short(completions, **kw):\n    return [1.0]\n")
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "short_reward:short"}])
+    return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
+
+
+@case("model-path-missing")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    cfg["sft"]["enabled"] = True
+    cfg["model"] = {"base": "./models/nope"}
+    return Case(["run", "sft", "-c", str(write_config(tmp, cfg).name)])
+
+
+@case("init-path-missing")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", init="/no/such/model"))))
+
+
+@case("registry-alias-unknown")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", init="models:/errs-sft@champion"))))
+
+
+@case("registry-stage-not-run")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    del cfg["rl"]["init"]
+    cfg["name"] = "never-trained"
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+def stored_run(ws, tmp, **rl) -> Case:
+    """A copy of a finished 2-step run: the checkpoints a rerun would resume from."""
+    shutil.copytree(ws.done_run, tmp / "run")
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", **rl)), "--force"))
+
+
+@case("checkpoint-truncated")
+def _(ws, tmp):
+    c = stored_run(ws, tmp)
+    opt = tmp / "run/rl/checkpoints/optimizer/step-000002.pt"
+    opt.write_bytes(opt.read_bytes()[:100])
+    return c
+
+
+@case("weights-truncated")
+def _(ws, tmp):
+    c = stored_run(ws, tmp)
+    weights = tmp / "run/rl/checkpoints/policy/step-000002/model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    return c
+
+
+@case("manifest-corrupt")
+def _(ws, tmp):
+    c = stored_run(ws, tmp)
+    (tmp / "run/rl/checkpoints/manifest.json").write_text('{"step": 2,')
+    return c
+
+
+@case("resume-incompatible")
+def _(ws, tmp):
+    return stored_run(ws, tmp, samples_per_prompt=4)
+
+
+@case("disk-full")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    return Case(rl_args(write_config(tmp, cfg)), {"HINDSIGHT_FAULT": "disk_full:rollouts/step-000001"},
+                keeps_state=True)
