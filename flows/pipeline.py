@@ -1,4 +1,4 @@
-"""The whole chain: SFT -> reward model -> RL, one MLflow parent run with a nested run per stage."""
+"""The whole chain: SFT -> reward model -> RL (-> negative-ft), one MLflow parent run with a nested run per stage."""
 from __future__ import annotations
 
 import time
@@ -7,6 +7,7 @@ from prefect import flow
 
 from flows.common import ensure_data
 from flows.reward_model import reward_model_flow
+from flows.negative_ft import negative_ft_flow
 from flows.rl import rl_flow
 from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
@@ -24,7 +25,7 @@ def pipeline_flow(cfg: PipelineConfig, force: bool = False) -> list[dict]:
     summary = []
     try:
         for enabled, stage in ((cfg.sft.enabled, sft_flow), (cfg.reward_model.enabled, reward_model_flow),
-                               (True, rl_flow)):
+                               (True, rl_flow), (cfg.negative_ft.enabled, negative_ft_flow)):
             if enabled:
                 summary.append(_timed(stage, cfg, force, parent))
         for row in summary:

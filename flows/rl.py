@@ -23,7 +23,8 @@ def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None 
     data_md5 = ensure_data(cfg)
     check_inputs(cfg, ["rl"])
     init_path, init_version = resolve_model(cfg, cfg.rl.init or sft_uri(cfg), "rl.init")
-    rm_path, rm_version = resolve_model(cfg, rm_uri(cfg), "rl.reward_model_weight (needs NAME-rm)") if cfg.rl.reward_model_weight > 0 else (None, None)
+    needs_rm = cfg.rl.reward_model_weight > 0 or (cfg.rl.algorithm == "ppo" and cfg.rl.ppo.critic_init == "reward_model")
+    rm_path, rm_version = resolve_model(cfg, rm_uri(cfg), "rl (the reward model, NAME-rm)") if needs_rm else (None, None)
     key = stage_key("rl", {"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(), "seed": cfg.seed,
                            "data": cfg.data.model_dump(), "eval": cfg.eval.model_dump(), "name": cfg.name,
                            "run_dir": str(cfg.root)},
@@ -52,9 +53,12 @@ def _train(cfg: PipelineConfig, key: str, run_id: str, t0: float) -> dict:
         tracking.set_tags(cfg, run_id, {"hindsight.resumed_from_step": run.start_step})
     log({"eval/accuracy": evaluate_task(key)}, run.start_step)
     for step in range(run.start_step, cfg.rl.steps):
-        metrics = {**_numeric(rollout_task(key, step)), **_numeric(score_task(key, step)), **update_task(key, step)}
+        rollout = rollout_task(key, step)
+        metrics = {**_numeric(rollout), **_numeric(score_task(key, step)), **update_task(key, step)}
         log(metrics, step + 1)
-        print(f"rl step {step + 1}/{cfg.rl.steps} reward {metrics['reward/mean']:.3f} kl {metrics['kl']:.4f}")
+        if rollout.get("replay/ids"):
+            tracking.log_json(cfg, run_id, {"step": step, "ids": rollout["replay/ids"]}, f"replay/step-{step:06d}.json")
+        print(f"rl step {step + 1}/{cfg.rl.steps} reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
         if (step + 1) % cfg.rl.eval_every == 0 and step + 1 < cfg.rl.steps:
             log({"eval/accuracy": evaluate_task(key)}, step + 1)
     final_acc = evaluate_task(key)

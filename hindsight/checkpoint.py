@@ -4,6 +4,7 @@ Layout under a run's `checkpoints/`:
     policy/step-000010/       HF folder (safetensors + tokenizer)
     optimizer/step-000010.pt  optimizer state (loaded with weights_only=True)
     rng/step-000010.pt        torch and python RNG states
+    critic/step-000010/       PPO's value model (HF folder), and critic_optimizer/step-000010.pt
     manifest.json             newest complete version of each component (the commit point)
 
 Components are written first, the manifest last, so a crash between the two leaves the
@@ -40,24 +41,34 @@ class CheckpointManager:
     def policy_dir(self, step: int) -> Path:
         return self.root / "policy" / f"step-{step:06d}"
 
-    def save(self, step: int, model, tokenizer, optimizer, extra: dict | None = None) -> Path:
-        def fill(tmp: Path):
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
+    def critic_dir(self, step: int) -> Path:
+        return self.root / "critic" / f"step-{step:06d}"
 
-        policy = atomic_dir(self.policy_dir(step), fill)
+    def save(self, step: int, model, tokenizer, optimizer, extra: dict | None = None,
+             critic=None, critic_optimizer=None) -> Path:
+        def fill(model_):
+            def write(tmp: Path):
+                model_.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+            return write
+
+        policy = atomic_dir(self.policy_dir(step), fill(model))
         self._save_tensor_file(self.root / "optimizer" / f"step-{step:06d}.pt", optimizer.state_dict())
         rng = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
         self._save_tensor_file(self.root / "rng" / f"step-{step:06d}.pt", rng)
+        components = {"policy": step, "optimizer": step, "rng": step}
+        if critic is not None:
+            atomic_dir(self.critic_dir(step), fill(critic))
+            self._save_tensor_file(self.root / "critic_optimizer" / f"step-{step:06d}.pt", critic_optimizer.state_dict())
+            components.update(critic=step, critic_optimizer=step)
         crash_point("checkpoint", step)  # components written, manifest not yet: the torn case
-        manifest = {**self.manifest(), **(extra or {}),
-                    "step": step, "policy": step, "optimizer": step, "rng": step}
+        manifest = {**self.manifest(), **(extra or {}), "step": step, **components}
         atomic_write_json(self.manifest_path, manifest)
         self._retain(step)
         return policy
 
-    def load_optimizer(self, step: int, optimizer) -> None:
-        path = self.root / "optimizer" / f"step-{step:06d}.pt"
+    def load_optimizer(self, step: int, optimizer, component: str = "optimizer") -> None:
+        path = self.root / component / f"step-{step:06d}.pt"
         optimizer.load_state_dict(self._load_tensor_file(path))
 
     def _save_tensor_file(self, path: Path, obj) -> None:
@@ -82,5 +93,6 @@ class CheckpointManager:
             if old == newest:
                 continue
             shutil.rmtree(self.policy_dir(old), ignore_errors=True)
-            for comp in ("optimizer", "rng"):
+            shutil.rmtree(self.critic_dir(old), ignore_errors=True)
+            for comp in ("optimizer", "rng", "critic_optimizer"):
                 (self.root / comp / f"step-{old:06d}.pt").unlink(missing_ok=True)

@@ -123,6 +123,13 @@ def run_rl(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: 
     _run_stage("rl", config, set_, force or force_new_run, debug, force_new_run)
 
 
+@run_app.command("negative-ft")
+def run_negative_ft(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
+                    debug: bool = DebugOpt):
+    """Unlikelihood on the RL run's lowest-reward stored completions; registers NAME-negft."""
+    _run_stage("negative-ft", config, set_, force, debug)
+
+
 @run_app.command("pipeline")
 def run_pipeline(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
                  debug: bool = DebugOpt, force_new_run: bool = NewRunOpt):

@@ -10,7 +10,8 @@ import re
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from hindsight.errors import ConfigError
 
@@ -87,16 +88,42 @@ class RolloutConfig(Strict):
 
 
 class KLConfig(Strict):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
     coef: float = Field(0.04, ge=0)
     estimator: Literal["k1", "k2", "k3"] = "k3"
+    placement: Literal["loss", "reward"] = Field(
+        "loss", alias="in", description="loss: a KL term in the policy loss; reward: a penalty folded into the reward")
+
+
+class PPOConfig(Strict):
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    value_clip: float = Field(0.2, gt=0)
+    critic_lr: float = Field(1e-4, gt=0)
+    critic_init: Literal["reward_model", "policy"] = Field(
+        "policy", description="reward_model: start from NAME-rm; policy: the policy's weights with a fresh value head")
+
+
+class DynamicSamplingConfig(Strict):
+    enabled: bool = False
+    oversample: float = Field(1.5, ge=1.0, description="sample this many times prompts_per_step groups; "
+                                                      "train on the first prompts_per_step that carry signal")
+
+
+class ReplayConfig(Strict):
+    ratio: float = Field(0.0, ge=0, lt=1, description="fraction of each batch's prompts drawn from stored hard examples")
+    priority: Literal["reward_std", "disagreement"] = Field(
+        "reward_std", description="reward_std: groups whose reward varied most; disagreement: completions whose "
+                                  "log-probability ranked against their reward")
+    window: int = Field(8, ge=1, description="how many past steps' shards to pick from")
 
 
 class RLConfig(Strict):
     init: str | None = Field(None, description="policy to start from; default models:/X-sft@latest")
-    algorithm: Literal["grpo"] = "grpo"
+    algorithm: Literal["grpo", "reinforce_pp", "rloo", "ppo"] = "grpo"
     steps: int = Field(40, ge=1)
     prompts_per_step: int = Field(16, ge=1)
-    samples_per_prompt: int = Field(8, ge=2, description="group size; GRPO needs at least 2")
+    samples_per_prompt: int = Field(8, ge=1, description="group size; grpo and rloo need at least 2")
     lr: float = Field(1e-4, gt=0)
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
@@ -104,7 +131,11 @@ class RLConfig(Strict):
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
     num_iterations: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
     kl: KLConfig = Field(default_factory=KLConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: list[RewardFnConfig] = Field(default_factory=lambda: [RewardFnConfig(fn="rewards.exact:exact_answer")])
     reward_model_weight: float = Field(0.0, ge=0, description="weight of the learned reward; 0 skips it")
@@ -117,10 +148,28 @@ class RLConfig(Strict):
     keep_checkpoints: int = Field(2, ge=1, description="weight versions kept; the newest complete one is never deleted")
 
     @model_validator(mode="after")
-    def _rewards_present(self):
+    def _consistent(self):
         if not self.rewards and self.reward_model_weight == 0:
             raise ValueError("rl needs at least one reward function or reward_model_weight > 0")
         return self
+
+    @field_validator("samples_per_prompt")
+    @classmethod
+    def _group_size(cls, value: int, info: ValidationInfo) -> int:
+        algorithm = info.data.get("algorithm", "grpo")
+        if algorithm in ("grpo", "rloo") and value < 2:
+            raise ValueError(f"{algorithm} compares completions within a group, so it needs at least 2 (got {value})")
+        return value
+
+
+class NegativeFTConfig(Strict):
+    enabled: bool = Field(False, description="run the negative-sample stage after RL in `run pipeline`")
+    init: str | None = Field(None, description="policy to fine-tune; default models:/NAME-policy@latest")
+    lr: float = Field(1e-5, gt=0)
+    steps: int = Field(20, ge=1)
+    batch_size: int = Field(32, ge=1)
+    quantile: float = Field(0.25, gt=0, le=1, description="negatives: the lowest-reward fraction of stored completions")
+    positive_weight: float = Field(1.0, ge=0, description="weight of NLL on the best stored completions")
 
 
 class EvalConfig(Strict):
@@ -148,6 +197,7 @@ class PipelineConfig(Strict):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
+    negative_ft: NegativeFTConfig = Field(default_factory=NegativeFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
@@ -226,7 +276,7 @@ def _key_line(text: str, loc: tuple) -> int | None:
 
 def flatten(cfg: BaseModel | dict, prefix: str = "") -> dict[str, str]:
     """Dotted keys for MLflow params: {'rl.kl.coef': '0.04', ...}."""
-    data = cfg.model_dump() if isinstance(cfg, BaseModel) else cfg
+    data = cfg.model_dump(by_alias=True) if isinstance(cfg, BaseModel) else cfg
     out: dict[str, str] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"

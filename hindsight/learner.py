@@ -1,49 +1,102 @@
-"""One policy update over a batch of rollouts: advantages, then `num_iterations` passes of
-the clipped policy-gradient loss against the behaviour log-probs stored in the rollout."""
+"""One policy update over a batch of rollouts.
+
+Every algorithm is an advantage estimator plugged into the same clipped policy-gradient
+kernel: advantages first, then `num_iterations` passes of the loss against the behaviour
+log-probs stored in the rollout. PPO also trains its critic on the same batch.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from hindsight.algorithms.advantages import grpo_advantages, zero_variance_groups
-from hindsight.algorithms.losses import LossSettings, policy_loss
+from hindsight.algorithms import advantages as adv
+from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss, value_loss
+from hindsight.critic import token_values
 from hindsight.experience import Experience
 from hindsight.logprobs import token_logprobs
 
 
 @dataclass(frozen=True)
 class LearnerSettings:
+    algorithm: str = "grpo"
     num_iterations: int = 1
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     scale_rewards: str = "group"
     loss: LossSettings = LossSettings()
+    reward_kl_coef: float = 0.0          # > 0 when `kl.in: reward`
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
 
 
-def compute_advantages(exp: Experience, s: LearnerSettings) -> torch.Tensor:
-    return grpo_advantages(exp.rewards, exp.group_size, s.scale_rewards)   # (B,)
+def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
+    """(B, T) KL of the behaviour policy from the reference, for the reward penalty."""
+    if not s.reward_kl_coef or exp.ref_logprobs is None:
+        return None
+    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator) * exp.completion_mask
 
 
-def update(model, optimizer, exp: Experience, s: LearnerSettings) -> dict[str, float]:
-    """Train on one stored batch; returns metrics of the last pass (and the first pass's ratio)."""
-    exp.advantages = compute_advantages(exp, s)
-    mask = exp.completion_mask                                               # (B, T)
+def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor | None = None):
+    """Returns (advantages (B,) or (B, T), returns (B, T) for PPO's critic else None)."""
+    mask, kl, coef = exp.completion_mask, reward_kl(exp, s), s.reward_kl_coef
+    if s.algorithm in ("grpo", "rloo"):
+        rewards = adv.sequence_kl_penalty(exp.rewards, kl, mask, coef) if kl is not None else exp.rewards
+        if s.algorithm == "grpo":
+            return adv.grpo_advantages(rewards, exp.group_size, s.scale_rewards), None
+        return adv.rloo_advantages(rewards, exp.group_size), None
+    if s.algorithm == "reinforce_pp":
+        return adv.reinforce_pp_advantages(exp.rewards, mask, kl, coef, s.gamma), None
+    if s.algorithm == "ppo":
+        token_r = adv.token_rewards(exp.rewards, mask, kl, coef)                 # (B, T)
+        advantages, returns = adv.gae(token_r, values, mask, s.gamma, s.lam)     # (B, T) each
+        return adv.masked_whiten(advantages, mask), returns
+    raise ValueError(f"unknown algorithm: {s.algorithm}")
+
+
+def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None) -> dict:
+    """Train on one stored batch; returns metrics of the last pass (and every pass's ratio)."""
+    mask = exp.completion_mask                                                   # (B, T)
+    old_values = None
+    if s.algorithm == "ppo":
+        with torch.no_grad():
+            old_values = token_values(critic, exp.input_ids, exp.attention_mask, mask.size(1))  # (B, T)
+    exp.advantages, returns = compute_advantages(exp, s, old_values)
     model.train()
     metrics: dict[str, float] = {}
-    ratios: dict[str, float] = {}
     for it in range(s.num_iterations):
-        logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
-                                       s.temperature, with_entropy=True)     # (B, T), (B, T)
-        loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-        optimizer.step()
-        m = mask.to(entropy.dtype)
-        metrics = {"loss": float(loss), "grad_norm": float(grad_norm),
-                   "entropy": float((entropy.detach() * m).sum() / m.sum().clamp(min=1)), **stats}
-        ratios[f"ratio_mean/iter{it}"] = stats["ratio_mean"]
-    metrics.update(ratios)
-    metrics["zero_std_groups"] = float(zero_variance_groups(exp.rewards, exp.group_size).float().mean())
+        step = _policy_step(model, optimizer, exp, s)
+        if critic is not None:
+            step.update(_critic_step(critic, critic_optimizer, exp, old_values, returns, s))
+        metrics.update(step)
+        metrics[f"ratio_mean/iter{it}"] = step["ratio_mean"]
+    if exp.group_size > 1:
+        metrics["zero_std_groups"] = float(adv.zero_variance_groups(exp.rewards, exp.group_size).float().mean())
     return metrics
+
+
+def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings) -> dict:
+    mask = exp.completion_mask
+    logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
+                                   s.temperature, with_entropy=True)             # (B, T), (B, T)
+    loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss, entropy)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+    optimizer.step()
+    m = mask.to(entropy.dtype)
+    return {"loss": float(loss.detach()), "grad_norm": float(grad_norm),
+            "entropy": float((entropy.detach() * m).sum() / m.sum().clamp(min=1)), **stats}
+
+
+def _critic_step(critic, optimizer, exp: Experience, old_values, returns, s: LearnerSettings) -> dict:
+    critic.train()
+    values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1))  # (B, T)
+    loss, clipped = value_loss(values, old_values, returns, exp.completion_mask, s.value_clip)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
+    optimizer.step()
+    return {"critic/loss": float(loss.detach()), "critic/grad_norm": float(grad_norm),
+            "critic/value_clip_fraction": clipped}

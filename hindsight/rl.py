@@ -8,6 +8,7 @@ generated before the crash instead of sampling them again.
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -27,7 +28,19 @@ from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
 from hindsight.rollout.hf import generate
 from hindsight.scoring import load_reward_fn, score_completions
+from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
+
+
+def learner_settings(rl) -> LearnerSettings:
+    in_loss = rl.kl.placement == "loss"
+    return LearnerSettings(
+        algorithm=rl.algorithm, num_iterations=rl.num_iterations, max_grad_norm=rl.max_grad_norm,
+        temperature=rl.rollout.temperature, scale_rewards=rl.scale_rewards,
+        loss=LossSettings(rl.clip_eps_low, rl.clip_eps_high, rl.kl.coef if in_loss else 0.0, rl.kl.estimator,
+                          rl.loss_agg, rl.rollout.max_new_tokens, rl.entropy_coef),
+        reward_kl_coef=0.0 if in_loss else rl.kl.coef,
+        gamma=rl.ppo.gamma, lam=rl.ppo.lam, value_clip=rl.ppo.value_clip)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -50,7 +63,8 @@ def check_compatible(manifest: dict, fingerprint: dict, run_dir: Path) -> None:
     stored = manifest.get("fingerprint")
     if not stored:
         return
-    diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
+    # keys added by a later hindsight version are absent from older state: those ran with the default
+    diff = sorted(k for k in stored if stored.get(k) != fingerprint.get(k))
     if diff:
         detail = ", ".join(f"{k}: stored {stored.get(k)!r}, config {fingerprint.get(k)!r}" for k in diff)
         raise CheckpointError(f"{run_dir}: cannot resume, the stored state is incompatible ({detail}); "
@@ -77,7 +91,9 @@ class RLRun:
         self.tok = load_tokenizer(init_path)
         self.fingerprint = {"init": init_path, "algorithm": self.rl.algorithm, "seed": cfg.seed,
                             "samples_per_prompt": self.rl.samples_per_prompt,
-                            "prompts_per_step": self.rl.prompts_per_step, "prompts": cfg.data.prompts}
+                            "prompts_per_step": self.rl.prompts_per_step, "prompts": cfg.data.prompts,
+                            "dynamic_sampling": self.rl.dynamic_sampling.model_dump(),
+                            "replay": self.rl.replay.model_dump()}
         check_compatible(self.ckpt.manifest(), self.fingerprint, self.dir)
         for spec in [f.fn for f in self.rl.rewards]:
             load_reward_fn(spec)  # an unimportable reward fails now, before any sampling
@@ -90,19 +106,29 @@ class RLRun:
         if start:
             self.ckpt.load_optimizer(start, self.optimizer)
         self.start_step = start or 0
+        self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
-        self.settings = LearnerSettings(
-            num_iterations=self.rl.num_iterations, max_grad_norm=self.rl.max_grad_norm,
-            temperature=self.rl.rollout.temperature, scale_rewards=self.rl.scale_rewards,
-            loss=LossSettings(self.rl.clip_eps_low, self.rl.clip_eps_high, self.rl.kl.coef,
-                              self.rl.kl.estimator, self.rl.loss_agg, self.rl.rollout.max_new_tokens))
+        self.settings = learner_settings(self.rl)
+
+    def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
+        """PPO's value model: from the checkpoint on resume, else the reward model or the policy."""
+        if self.rl.algorithm != "ppo":
+            return None, None
+        p = self.rl.ppo
+        source = str(self.ckpt.critic_dir(start)) if start else (rm_path if p.critic_init == "reward_model" else init_path)
+        torch.manual_seed(self.cfg.seed)  # a fresh value head starts the same way every run
+        critic = load_reward_model(source, self.cfg.model.dtype)
+        critic.config.pad_token_id = self.tok.pad_token_id
+        optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=0.0)
+        if start:
+            self.ckpt.load_optimizer(start, optimizer, "critic_optimizer")
+        return critic, optimizer
 
     # --- rollout ------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[Path, dict]:
         if self.store.has("rollouts", step):
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
-        idx = prompt_indices(len(self.rows), self.rl.prompts_per_step, step, self.cfg.seed)
-        batch = [self.rows[i] for i in idx]
+        batch, metrics = self.select_prompts(step)
         r = self.rl.rollout
         t0 = time.perf_counter()
         exp = generate(self.policy, self.tok, [b["prompt"] for b in batch], self.rl.samples_per_prompt,
@@ -114,17 +140,37 @@ class RLRun:
             src = batch[j // exp.group_size]
             n = int(exp.completion_mask[j].sum())
             rows.append({
-                "step": step, "index": j, "group": j // exp.group_size, "prompt_id": str(src.get("id", idx[j // exp.group_size])),
+                "step": step, "index": j, "group": j // exp.group_size, "prompt_id": str(src["id"]),
+                "replayed": bool(src.get("_replayed")),
                 "prompt": src["prompt"], "completion": texts[j],
                 "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
                 "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
                 "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
-                "columns": json.dumps({k: v for k, v in src.items() if k != "prompt"}),
+                "columns": json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")}),
             })
         n_tokens = int(exp.completion_mask.sum())
         crash_point("rollout", step)
-        return self.store.write("rollouts", step, rows), {"time/rollout_s": seconds,
-                                                          "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)}
+        metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
+        return self.store.write("rollouts", step, rows), metrics
+
+    def select_prompts(self, step: int) -> tuple[list[dict], dict]:
+        """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
+        `replay.ratio` share swapped for hard examples picked from earlier stored shards."""
+        n = self.rl.prompts_per_step
+        if self.rl.dynamic_sampling.enabled:
+            n = math.ceil(n * self.rl.dynamic_sampling.oversample)
+        idx = prompt_indices(len(self.rows), n, step, self.cfg.seed)
+        batch = [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
+        n_replay = round(self.rl.replay.ratio * self.rl.prompts_per_step)
+        if not n_replay:
+            return batch, {}
+        past = [s for s in self.store.steps("scores") if step - self.rl.replay.window <= s < step]
+        shards = [(self.store.read("rollouts", s), self.store.read("scores", s)) for s in past]
+        keep = batch[: len(batch) - n_replay]
+        hard = pick_hard_examples(shards, n_replay, self.rl.replay.priority, {b["id"] for b in keep})
+        batch = keep + [{**h, "_replayed": True} for h in hard] + batch[len(keep) + len(hard):]
+        return batch, {"replay/count": float(len(hard)), "replay/ratio": len(hard) / len(batch),
+                       "replay/ids": [h["id"] for h in hard]}
 
     # --- score --------------------------------------------------------------------------
     def score(self, step: int) -> tuple[Path, dict]:
@@ -175,12 +221,15 @@ class RLRun:
     def update(self, step: int) -> dict:
         t0 = time.perf_counter()
         rows, scores = self.store.read("rollouts", step), self.store.read("scores", step)
-        exp = self.experience_from_rows(rows, scores)
-        metrics = update(self.policy, self.optimizer, exp, self.settings)
+        train_rows, train_scores, metrics = self._train_groups(rows, scores)
+        if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
+            exp = self.experience_from_rows(train_rows, train_scores)
+            metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
         lengths = torch.tensor([len(r["completion_ids"]) for r in rows], dtype=torch.float32)
+        rewards = torch.tensor([s["reward"] for s in scores])
         metrics.update({
-            "reward/mean": float(exp.rewards.mean()), "reward/std": float(exp.rewards.std()),
-            "reward/min": float(exp.rewards.min()), "reward/max": float(exp.rewards.max()),
+            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+            "reward/min": float(rewards.min()), "reward/max": float(rewards.max()),
             "response_length/mean": float(lengths.mean()),
             "rollout/completion_rate": sum(r["ended_with_eos"] for r in rows) / len(rows),
             "time/update_s": time.perf_counter() - t0,
@@ -190,5 +239,16 @@ class RLRun:
         crash_point("update", step)
         done = step + 1
         if done % self.rl.save_every == 0 or done == self.rl.steps:
-            self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint})
+            self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint},
+                           self.critic, self.critic_optimizer)
         return metrics
+
+    def _train_groups(self, rows: list[dict], scores: list[dict]) -> tuple[list[dict], list[dict], dict]:
+        """All groups, or with dynamic sampling the first prompts_per_step whose rewards differ."""
+        if not self.rl.dynamic_sampling.enabled:
+            return rows, scores, {}
+        size = self.rl.samples_per_prompt
+        kept, dropped = signal_groups([s["reward"] for s in scores], size, self.rl.prompts_per_step)
+        take = [j for g in kept for j in range(g * size, (g + 1) * size)]
+        return [rows[j] for j in take], [scores[j] for j in take], {
+            "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept))}

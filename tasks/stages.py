@@ -76,3 +76,36 @@ def _reward_model(cfg: PipelineConfig, base_path: str, data_md5: str, run_id: st
     tracking.end_run(cfg, run_id)
     return {"stage": "reward-model", "model": f"{cfg.name}-rm", "version": version, "run_id": run_id,
             "eval/accuracy": None, "wall_s": time.perf_counter() - t0}
+
+
+@task(name="negative-ft", cache_key_fn=cache_key_from_inputs, persist_result=True)
+def negative_ft_task(cfg: PipelineConfig, init_path: str, data_md5: str, cache_key: str,
+                     parent_run_id: str | None) -> dict:
+    t0 = time.perf_counter()
+    with tracking.stage_run(cfg, "negative-ft", parent_run_id, {"hindsight.cache_key": cache_key}) as run_id:
+        return _negative_ft(cfg, init_path, data_md5, run_id, t0)
+
+
+def _negative_ft(cfg: PipelineConfig, init_path: str, data_md5: str, run_id: str, t0: float) -> dict:
+    from hindsight.errors import DataError
+    from hindsight.negative import negative_finetune, split_by_reward
+    from hindsight.store import RolloutStore
+
+    tracking.log_context(cfg, run_id, data_md5)
+    n = cfg.negative_ft
+    negatives, positives = split_by_reward(RolloutStore(cfg.root / "rl"), n.quantile)
+    if not negatives:
+        raise DataError(f"{cfg.root / 'rl'}: no stored low-reward completions to learn from (run the rl stage first)")
+    model, tok = load_causal_lm(init_path, cfg.model.dtype), load_tokenizer(init_path)
+    before = evaluate_model(cfg, model, tok)
+    metrics = negative_finetune(model, tok.pad_token_id, negatives, positives, n.lr, n.steps, n.batch_size,
+                                n.positive_weight, cfg.seed, log=lambda m, s: tracking.log_metrics(cfg, run_id, m, s))
+    metrics.update({"eval/accuracy_before": before, "eval/accuracy": evaluate_model(cfg, model, tok)})
+    tracking.log_metrics(cfg, run_id, metrics, n.steps)
+    out_dir = cfg.root / "negative_ft" / "model"
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    version = tracking.register(cfg, run_id, out_dir, f"{cfg.name}-negft")
+    tracking.end_run(cfg, run_id)
+    return {"stage": "negative-ft", "model": f"{cfg.name}-negft", "version": version, "run_id": run_id,
+            "eval/accuracy": metrics["eval/accuracy"], "wall_s": time.perf_counter() - t0}

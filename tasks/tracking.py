@@ -103,6 +103,12 @@ def set_tags(cfg: PipelineConfig, run_id: str, tags: dict[str, str]) -> None:
     client(cfg).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def log_json(cfg: PipelineConfig, run_id: str, obj, artifact_file: str) -> None:
+    import json
+
+    client(cfg).log_text(run_id, json.dumps(obj, indent=1), artifact_file)
+
+
 def end_run(cfg: PipelineConfig, run_id: str, status: str = "FINISHED") -> None:
     client(cfg).set_terminated(run_id, status=status)
 

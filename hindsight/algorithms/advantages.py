@@ -28,3 +28,85 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     """(G,) bool: groups whose completions all got the same reward carry no GRPO signal."""
     grouped = rewards.view(-1, group_size)                        # (G, S)
     return (grouped.max(dim=1).values - grouped.min(dim=1).values).abs() < 1e-8
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE leave-one-out: each completion's baseline is the mean of the others in its group.
+
+    rewards: (B,). Returns (B,). Equals S/(S-1) * (r - group mean).
+    """
+    grouped = rewards.view(-1, group_size)                                    # (G, S)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)  # (G, S)
+    return (grouped - baseline).reshape(-1)                                   # (B,)
+
+
+def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
+                  kl_coef: float = 0.0) -> torch.Tensor:
+    """Spread an outcome reward over tokens: `-kl_coef * kl` on every token, plus the reward
+    on the last real token (InstructGPT's shaping, used by REINFORCE++ and PPO).
+
+    rewards: (B,); mask: (B, T); kl: (B, T) or None. Returns (B, T).
+    """
+    m = mask.to(torch.float32)                                                # (B, T)
+    out = torch.zeros_like(m)                                                 # (B, T)
+    last = (m.sum(dim=1).long() - 1).clamp(min=0)                             # (B,)
+    out[torch.arange(m.size(0)), last] = rewards.to(torch.float32)
+    if kl is not None and kl_coef:
+        out = out - kl_coef * kl * m
+    return out * m
+
+
+def discounted_returns(token_r: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """G_t = sum_{k >= t} gamma^(k-t) r_k, right to left. token_r: (B, T). Returns (B, T)."""
+    returns = torch.zeros_like(token_r)                                       # (B, T)
+    running = torch.zeros_like(token_r[:, 0])                                 # (B,)
+    for t in reversed(range(token_r.size(1))):
+        running = token_r[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise over all real tokens of the batch (population std). x, mask: (B, T) -> (B, T)."""
+    m = mask.to(x.dtype)
+    n = m.sum().clamp(min=1.0)
+    mean = (x * m).sum() / n
+    var = ((x - mean).pow(2) * m).sum() / n
+    return (x - mean) * torch.rsqrt(var + eps) * m
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None,
+                            kl_coef: float, gamma: float = 1.0) -> torch.Tensor:
+    """REINFORCE++: the KL-shaped return of each token, whitened over the whole batch; no critic.
+
+    rewards: (B,); mask, kl: (B, T). Returns (B, T).
+    """
+    returns = discounted_returns(token_rewards(rewards, mask, kl, kl_coef), gamma)  # (B, T)
+    return masked_whiten(returns, mask)
+
+
+def gae(token_r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over completion tokens.
+
+    token_r, values, mask: (B, T). The value after the last real token is 0 (the episode
+    ends). Returns (advantages (B, T), returns (B, T)), zero on padding.
+    """
+    m = mask.to(values.dtype)                                                 # (B, T)
+    v = values * m                                                            # (B, T)
+    adv = torch.zeros_like(v)                                                 # (B, T)
+    running = torch.zeros_like(v[:, 0])                                       # (B,)
+    for t in reversed(range(v.size(1))):
+        next_v = v[:, t + 1] if t + 1 < v.size(1) else torch.zeros_like(running)
+        delta = token_r[:, t] + gamma * next_v - v[:, t]
+        running = (delta + gamma * lam * running) * m[:, t]
+        adv[:, t] = running
+    return adv, (adv + v) * m
+
+
+def sequence_kl_penalty(rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """Outcome estimators (GRPO, RLOO) with `kl.in: reward`: r - coef * sum_t kl_t.
+
+    rewards: (B,); kl, mask: (B, T). Returns (B,).
+    """
+    return rewards - kl_coef * (kl * mask.to(kl.dtype)).sum(dim=1)

@@ -61,10 +61,13 @@ class LossSettings:
     kl_estimator: str = "k3"
     agg: str = "seq_mean_token_mean"
     max_len: int | None = None
+    entropy_coef: float = 0.0
 
 
-def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings):
-    """Clipped surrogate plus KL-in-loss. All inputs (B, T) except advantages (B,).
+def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None):
+    """Clipped surrogate, plus KL-in-loss, minus an entropy bonus. All inputs (B, T) except
+    advantages, (B,) or (B, T). `kl_coef` here is the in-loss coefficient (0 when the KL
+    penalty lives in the reward instead).
 
     Returns the scalar loss and detached statistics for logging.
     """
@@ -72,6 +75,8 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings):
     kl = kl_estimate(logp, ref_logp, s.kl_estimator) if ref_logp is not None else torch.zeros_like(logp)
     if s.kl_coef:
         per_token = per_token + s.kl_coef * kl
+    if s.entropy_coef and entropy is not None:
+        per_token = per_token - s.entropy_coef * entropy
     loss = aggregate(per_token, mask, s.agg, s.max_len)
     m = mask.to(logp.dtype)
     logp, kl, ratio = logp.detach(), kl.detach(), ratio.detach()  # statistics only, no graph
@@ -85,3 +90,30 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings):
         "ratio_mean": float((ratio * m).sum() / n),
     }
     return loss, stats
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float) -> tuple[torch.Tensor, float]:
+    """PPO's clipped value loss: the worse of the raw and the clipped prediction, halved.
+
+    values, old_values, returns, mask: (B, T). Returns (scalar loss, fraction clipped).
+    """
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)      # (B, T)
+    raw_err, clip_err = (values - returns).pow(2), (clipped - returns).pow(2)  # (B, T)
+    m = mask.to(values.dtype)
+    n = m.sum().clamp(min=1.0)
+    loss = 0.5 * (torch.max(raw_err, clip_err) * m).sum() / n
+    frac = float(((clip_err > raw_err).to(m.dtype) * m).sum() / n)
+    return loss, frac
+
+
+def unlikelihood_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Welleck et al.'s unlikelihood: push down p(token) on completions known to be bad.
+
+    logp, mask: (B, T). -log(1 - p) per token, masked mean. p is capped just below 1 so a
+    near-certain bad token gives a large but finite loss.
+    """
+    p = logp.exp().clamp(max=1 - 1e-6)                                        # (B, T)
+    per_token = -torch.log1p(-p)                                              # (B, T)
+    m = mask.to(per_token.dtype)
+    return (per_token * m).sum() / m.sum().clamp(min=1.0)

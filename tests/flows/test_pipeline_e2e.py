@@ -28,7 +28,7 @@ def smoke_run(tmp_path_factory):
 def test_pipeline_registers_every_stage_with_aliases(smoke_run):
     work, env, _ = smoke_run
     client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
-    for name in ("smoke-sft", "smoke-rm", "smoke-policy"):
+    for name in ("smoke-sft", "smoke-rm", "smoke-policy", "smoke-negft"):
         mv = client.get_model_version_by_alias(name, "latest")
         assert str(mv.version) == "1"
         assert client.download_artifacts(mv.run_id, "checkpoint", str(work / f"dl-{name}"))
@@ -52,6 +52,11 @@ def test_pipeline_logs_nested_runs_and_metrics(smoke_run):
     for metric in ("reward/mean", "kl", "entropy", "loss", "response_length/mean"):
         steps = [m.step for m in client.get_metric_history(rl, metric)]
         assert steps == [1, 2, 3, 4], metric
+    negft = by_name["negative-ft"]
+    assert negft.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    for metric in ("eval/accuracy", "eval/accuracy_before", "negative_ft/unlikelihood", "negative_ft/negatives"):
+        assert metric in negft.data.metrics, metric
+    assert negft.data.metrics["negative_ft/negatives"] > 0
     acc_steps = [m.step for m in client.get_metric_history(rl, "eval/accuracy")]
     assert acc_steps[0] == 0 and acc_steps[-1] == 4
     assert client.get_metric_history(by_name["sft"].info.run_id, "eval/accuracy")
