@@ -57,8 +57,11 @@ def _guard(fn, debug: bool):
     except HindsightError as exc:
         if debug:
             raise
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(1) from None
+        from hindsight.errors import AlertStop
+
+        stopped = isinstance(exc, AlertStop)
+        typer.secho(f"{'stopped' if stopped else 'error'}: {exc}", fg="yellow" if stopped else "red", err=True)
+        raise typer.Exit(3 if stopped else 1) from None
 
 
 def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool,
@@ -135,6 +138,51 @@ def run_pipeline(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, f
                  debug: bool = DebugOpt, force_new_run: bool = NewRunOpt):
     """The whole chain: sft -> reward-model -> rl, skipping stages whose cache is valid."""
     _run_stage("pipeline", config, set_, force, debug, force_new_run)
+
+
+TrackingOpt = typer.Option(None, "--tracking-uri", help="MLflow store; default $MLFLOW_TRACKING_URI, else ./mlflow.db")
+
+
+@app.command("report")
+def report(run: str = typer.Argument(..., help="run directory (runs/NAME) or the RL stage's MLflow run id or name"),
+           step: Optional[int] = typer.Option(None, "--step", help="RL step (1-based, as in MLflow); default the last"),
+           out: Optional[Path] = typer.Option(None, "--out", help="default RUN_DIR/rl/reports/step-N.html"),
+           groups: int = typer.Option(4, "--groups", help="prompt groups to show"),
+           tracking_uri: Optional[str] = TrackingOpt, debug: bool = DebugOpt):
+    """Regenerate the HTML rollout report of any past RL step from its stored rollouts."""
+    _env()
+
+    def go():
+        from hindsight.lookback import rl_dir_of, tokenizer_for, write_step_report
+        from hindsight.store import RolloutStore
+
+        path = Path(run)
+        if not path.exists():
+            from tasks.lookback import client_for, run_dir_of
+
+            path = run_dir_of(client_for(tracking_uri), run)
+        rl_dir = rl_dir_of(path)
+        stored = RolloutStore(rl_dir).steps("scores")
+        n = step if step is not None else (stored[-1] + 1 if stored else 1)
+        written = write_step_report(rl_dir, n, tokenizer_for(rl_dir), rl_dir.parent.name, groups, out)
+        typer.echo(f"wrote {written}")
+
+    _guard(go, debug)
+
+
+@app.command("compare")
+def compare(run_a: str = typer.Argument(..., help="MLflow run id or name"),
+            run_b: str = typer.Argument(..., help="MLflow run id or name"),
+            tracking_uri: Optional[str] = TrackingOpt, debug: bool = DebugOpt):
+    """Final metrics side by side, and the config keys that differ, for two MLflow runs."""
+    _env()
+
+    def go():
+        from tasks.lookback import client_for, compare_runs
+
+        typer.echo(compare_runs(client_for(tracking_uri), run_a, run_b))
+
+    _guard(go, debug)
 
 
 @data_app.command("build")

@@ -118,6 +118,32 @@ class ReplayConfig(Strict):
     window: int = Field(8, ge=1, description="how many past steps' shards to pick from")
 
 
+class AlertRule(Strict):
+    """One alert: `rule` compares the mean of a metric over the last `window` steps with `threshold`.
+
+    Rules (docs/metrics.md): entropy_low, reward_std_low, kl_high, nonfinite_loss,
+    length_collapse / length_explode (threshold is a ratio to the first step's mean length),
+    reward_hacking (reward rose while eval/accuracy fell by more than `threshold`; the window
+    counts eval points).
+    """
+    rule: Literal["entropy_low", "reward_std_low", "kl_high", "nonfinite_loss", "length_collapse",
+                  "length_explode", "reward_hacking"]
+    threshold: float = 0.0
+    window: int = Field(1, ge=1, description="steps averaged (eval points for reward_hacking)")
+    action: Literal["warn", "stop", "lower_lr"] = "warn"
+    factor: float = Field(0.5, gt=0, lt=1, description="lower_lr multiplies the learning rate by this")
+
+
+def default_alerts() -> list[AlertRule]:
+    return [AlertRule(rule="nonfinite_loss", action="stop"),
+            AlertRule(rule="entropy_low", threshold=0.05, window=3),
+            AlertRule(rule="reward_std_low", threshold=1e-3, window=5),
+            AlertRule(rule="kl_high", threshold=1.0, window=2),
+            AlertRule(rule="length_collapse", threshold=0.25, window=3),
+            AlertRule(rule="length_explode", threshold=4.0, window=3),
+            AlertRule(rule="reward_hacking", threshold=0.05)]
+
+
 class RLConfig(Strict):
     init: str | None = Field(None, description="policy to start from; default models:/X-sft@latest")
     algorithm: Literal["grpo", "reinforce_pp", "rloo", "ppo"] = "grpo"
@@ -146,6 +172,9 @@ class RLConfig(Strict):
     eval_every: int = Field(10, ge=1)
     save_every: int = Field(10, ge=1, description="checkpoint weights, optimizer and RNG every N steps (and at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="weight versions kept; the newest complete one is never deleted")
+    alerts: list[AlertRule] = Field(default_factory=default_alerts, description="[] turns every alert off")
+    report_every: int = Field(10, ge=1, description="write an HTML rollout report every N steps (and at the end)")
+    report_groups: int = Field(4, ge=1, description="prompt groups shown in each report")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -176,6 +205,8 @@ class EvalConfig(Strict):
     limit: int | None = Field(200, ge=1)
     max_new_tokens: int = Field(8, ge=1)
     reward: RewardSpec = Field("rewards.exact:exact_answer", description="reward deciding correctness (score >= 1)")
+    compare_prompts: int = Field(8, ge=1, description="fixed eval prompts answered by each registered policy version")
+    compare_versions: int = Field(4, ge=1, description="newest registered policy versions in the comparison")
 
 
 class TrackingConfig(Strict):

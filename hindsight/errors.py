@@ -27,3 +27,7 @@ class StorageError(HindsightError):
 
 class StageError(HindsightError):
     """A stage failed after its retries; the message names the stage and the cause."""
+
+
+class AlertStop(HindsightError):
+    """An alert rule with `action: stop` fired; a resumable checkpoint was written first."""

@@ -21,3 +21,11 @@ def accuracy(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
     scores = load_reward_fn(reward_spec)(answers, **columns)
     return sum(1.0 for s in scores if s >= 1.0) / len(rows), answers
+
+
+def judge(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int) -> list[tuple[str, bool]]:
+    """Greedy answer and its correctness for each row: the cells of a version comparison."""
+    answers = greedy_answers(model, tok, [r["prompt"] for r in rows], max_new_tokens)
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+    scores = load_reward_fn(reward_spec)(answers, **columns)
+    return [(a, s >= 1.0) for a, s in zip(answers, scores)]

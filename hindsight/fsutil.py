@@ -77,3 +77,14 @@ def read_json(path: Path, default=None):
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise StorageError(f"{path}: corrupt JSON ({exc}); restore it or move the run directory aside") from None
 
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line to a log (metrics, alerts). A crash can tear only the last line, which readers skip."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line.rstrip("\n") + "\n")
+    except OSError as exc:
+        raise _storage_error(path, exc) from exc

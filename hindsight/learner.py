@@ -71,8 +71,6 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
             step.update(_critic_step(critic, critic_optimizer, exp, old_values, returns, s))
         metrics.update(step)
         metrics[f"ratio_mean/iter{it}"] = step["ratio_mean"]
-    if exp.group_size > 1:
-        metrics["zero_std_groups"] = float(adv.zero_variance_groups(exp.rewards, exp.group_size).float().mean())
     return metrics
 
 

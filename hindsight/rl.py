@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from hindsight.alerts import Alert, AlertMonitor
 from hindsight.algorithms.losses import LossSettings
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
@@ -22,7 +23,10 @@ from hindsight.errors import CheckpointError
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
+from hindsight.fsutil import append_line
+from hindsight.history import MetricsLog
 from hindsight.learner import LearnerSettings, update
+from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
 from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
@@ -84,6 +88,7 @@ class RLRun:
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
         self.dir = cfg.root / "rl"
+        self.init_path = init_path
         self.store = RolloutStore(self.dir)
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep_last=self.rl.keep_checkpoints)
         self.rows = load_rows(cfg.data.prompts, required=("prompt",), split=cfg.data.split,
@@ -109,6 +114,9 @@ class RLRun:
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.settings = learner_settings(self.rl)
+        self.history = MetricsLog(self.dir / "metrics.jsonl")
+        self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
+        self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
 
     def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
         """PPO's value model: from the checkpoint on resume, else the reward model or the policy."""
@@ -225,23 +233,35 @@ class RLRun:
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
             exp = self.experience_from_rows(train_rows, train_scores)
             metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
-        lengths = torch.tensor([len(r["completion_ids"]) for r in rows], dtype=torch.float32)
-        rewards = torch.tensor([s["reward"] for s in scores])
-        metrics.update({
-            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
-            "reward/min": float(rewards.min()), "reward/max": float(rewards.max()),
-            "response_length/mean": float(lengths.mean()),
-            "rollout/completion_rate": sum(r["ended_with_eos"] for r in rows) / len(rows),
-            "time/update_s": time.perf_counter() - t0,
-        })
-        for key in [k for k in scores[0] if k.startswith("reward_")]:
-            metrics[f"reward/{key.removeprefix('reward_')}"] = sum(s[key] for s in scores) / len(scores)
+            self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
+        metrics.update(rollout_metrics(rows, scores, self.rl.samples_per_prompt, self.rl.rollout.max_new_tokens))
+        metrics.update({"time/update_s": time.perf_counter() - t0, "lr": self.optimizer.param_groups[0]["lr"],
+                        **peak_memory()})
         crash_point("update", step)
         done = step + 1
         if done % self.rl.save_every == 0 or done == self.rl.steps:
-            self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint},
-                           self.critic, self.critic_optimizer)
+            self.checkpoint(done)
         return metrics
+
+    def checkpoint(self, done: int) -> None:
+        if self.ckpt.latest_step() == done:
+            return
+        self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint},
+                       self.critic, self.critic_optimizer)
+
+    # --- look back ----------------------------------------------------------------------
+    def observe(self, done: int, metrics: dict) -> list[Alert]:
+        """Record step `done`'s metrics on disk and run the alert rules; applies `lower_lr` here
+        (the lowered rate is in the optimizer state, so it survives a checkpoint and resume)."""
+        self.history.append(done, metrics)
+        fired = self.monitor.observe(done, metrics)
+        for alert in fired:
+            append_line(self.dir / "alerts.jsonl", json.dumps(alert.to_dict()))
+            if alert.action == "lower_lr":
+                factor = next(r.factor for r in self.rl.alerts if r.rule == alert.rule)
+                for group in self.optimizer.param_groups:
+                    group["lr"] *= factor
+        return fired
 
     def _train_groups(self, rows: list[dict], scores: list[dict]) -> tuple[list[dict], list[dict], dict]:
         """All groups, or with dynamic sampling the first prompts_per_step whose rewards differ."""
@@ -252,3 +272,16 @@ class RLRun:
         take = [j for g in kept for j in range(g * size, (g + 1) * size)]
         return [rows[j] for j in take], [scores[j] for j in take], {
             "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept))}
+
+
+def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:
+    """Per trained completion: its advantage (the token mean for token-level estimators)."""
+    adv, mask = exp.advantages, exp.completion_mask.to(torch.float32)            # (B,) or (B, T); (B, T)
+    if adv.dim() == 2:
+        per_token = adv
+        adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)                  # (B,)
+    else:
+        per_token = None
+    return [{"step": step, "index": r["index"], "advantage": float(adv[j]),
+             "token_advantages": per_token[j, : len(r["completion_ids"])].tolist() if per_token is not None else None}
+            for j, r in enumerate(rows)]

@@ -2,7 +2,8 @@
 
 Components are written separately because they are produced by separate stages:
 `rollouts` by the actor (tokens and behaviour log-probs) and `scores` by the scorer
-(per-function rewards, the total, and reference log-probs). A shard is complete once its
+(per-function rewards, the total, and reference log-probs), `advantages` by the learner
+(what each trained completion was pushed by, for reports). A shard is complete once its
 final name exists: it is written under a temporary name and renamed.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 
 from hindsight.fsutil import atomic_write_bytes
 
-COMPONENTS = ("rollouts", "scores")
+COMPONENTS = ("rollouts", "scores", "advantages")
 _SHARD = re.compile(r"^step-(\d{6})\.parquet$")
 
 

@@ -36,7 +36,7 @@ def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float
     )
     trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=_lora_config(lora),
-                         callbacks=[_MetricCallback(log)] if log else None)
+                         callbacks=[_MetricCallback(log, "sft")] if log else None)
     result = trainer.train()
     model = trainer.model.merge_and_unload() if hasattr(trainer.model, "merge_and_unload") else trainer.model
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -65,7 +65,7 @@ def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, 
         use_cpu=not _has_cuda(), disable_tqdm=True,
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
-                            callbacks=[_MetricCallback(log)] if log else None)
+                            callbacks=[_MetricCallback(log, "reward-model")] if log else None)
     result = trainer.train()
     trainer.model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
@@ -85,12 +85,24 @@ def _metric_callback_base():
 
 
 class _MetricCallback(_metric_callback_base()):
-    """Forward the trainer's log lines to our metric sink (MLflow in tasks/), step by step."""
+    """Forward the trainer's log lines to our metric sink (MLflow in tasks/), step by step,
+    and show progress (a rich bar on a terminal, a line per log otherwise)."""
 
-    def __init__(self, log):
-        self.log = log
+    def __init__(self, log, label: str = "train"):
+        self.log, self.label, self.progress = log, label, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from hindsight.progress import StepProgress
+
+        self.progress = StepProgress(self.label, state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         numeric = {f"train/{k}": float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
         if numeric:
             self.log(numeric, state.global_step)
+            if self.progress is not None and "train/loss" in numeric:
+                self.progress.advance(state.global_step, f"loss {numeric['train/loss']:.4f}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.close()

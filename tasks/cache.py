@@ -22,8 +22,10 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
-def stage_key(stage: str, config_part: dict, inputs: dict) -> str:
-    blob = json.dumps({"stage": stage, "config": config_part, "inputs": inputs, "code": code_version()},
+def stage_key(stage: str, config_part: dict, inputs: dict, store: str) -> str:
+    """`store` names the MLflow store (see `tracking.store_id`): a cached result points at a
+    version registered there, so it is not valid against another store, or a recreated one."""
+    blob = json.dumps({"stage": stage, "config": config_part, "inputs": inputs, "code": code_version(), "store": store},
                       sort_keys=True, default=str)
     return f"hindsight-{stage}-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 

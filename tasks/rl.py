@@ -4,6 +4,7 @@ from __future__ import annotations
 from prefect import task
 
 from hindsight.config import PipelineConfig
+from hindsight.lookback import write_plots, write_step_report
 from hindsight.rl import RLRun
 from tasks.stages import evaluate_model
 
@@ -46,6 +47,14 @@ def score_task(key: str, step: int) -> dict:
 @task(name="update")
 def update_task(key: str, step: int) -> dict:
     return get_run(key).update(step)
+
+
+@task(name="report")
+def report_task(key: str, done: int) -> list[str]:
+    """The step's HTML rollout report and the run's plots, written under the run directory."""
+    run = get_run(key)
+    report = write_step_report(run.dir, done, run.tok, run.cfg.name, run.rl.report_groups)
+    return [str(report), *map(str, write_plots(run.dir, done))]
 
 
 @task(name="evaluate")

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from prefect.runtime import task_run as prefect_task_run
 
 from hindsight.config import PipelineConfig, flatten
-from hindsight.errors import ConfigError
+from hindsight.errors import AlertStop, ConfigError
 from hindsight.models import resolve_model_path
 
 
@@ -44,6 +44,13 @@ def experiment_id(c: MlflowClient, cfg: PipelineConfig) -> str:
     return c.create_experiment(cfg.tracking.experiment, artifact_location=location)
 
 
+def store_id(cfg: PipelineConfig) -> str:
+    """The tracking store and when its experiment was created: changes if the store is recreated."""
+    c = client(cfg)
+    exp = c.get_experiment(experiment_id(c, cfg))
+    return f"{c.tracking_uri}|{exp.experiment_id}|{exp.creation_time}"
+
+
 def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, tags: dict | None = None) -> str:
     c = client(cfg)
     all_tags = {"hindsight.stage": name, **(tags or {})}
@@ -64,6 +71,10 @@ def stage_run(cfg: PipelineConfig, name: str, parent_run_id: str | None, tags: d
     run_id = start_run(cfg, name, parent_run_id, {**(tags or {}), "hindsight.attempt": str(attempt)})
     try:
         yield run_id
+    except AlertStop as exc:  # stopped on purpose, resumable: not a failure of the code
+        set_tags(cfg, run_id, {"hindsight.stopped": str(exc)[:5000]})
+        end_run(cfg, run_id, "KILLED")
+        raise
     except BaseException as exc:
         set_tags(cfg, run_id, {"hindsight.error": f"{type(exc).__name__}: {exc}"[:5000]})
         end_run(cfg, run_id, "FAILED")
@@ -107,6 +118,10 @@ def log_json(cfg: PipelineConfig, run_id: str, obj, artifact_file: str) -> None:
     import json
 
     client(cfg).log_text(run_id, json.dumps(obj, indent=1), artifact_file)
+
+
+def log_artifact(cfg: PipelineConfig, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+    client(cfg).log_artifact(run_id, str(path), artifact_path)
 
 
 def end_run(cfg: PipelineConfig, run_id: str, status: str = "FINISHED") -> None:

@@ -1,0 +1,69 @@
+"""Per-step rollout metrics from the stored shards: what a practitioner watches besides the loss.
+
+Names are stable (docs/metrics.md lists each one); dashboards, alerts and `hindsight compare`
+read them by name.
+"""
+from __future__ import annotations
+
+import math
+import resource
+import sys
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), without numpy for a list of a few hundred."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def zero_variance_fraction(rewards: list[float], group_size: int) -> float:
+    """Share of prompt groups whose completions all got the same reward (no GRPO signal)."""
+    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
+    return sum(1.0 for g in groups if max(g) - min(g) == 0) / max(1, len(groups))
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _std(xs: list[float]) -> float:
+    """Sample std (n-1), as torch.std: the in-batch reward spread the alerts compare."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def rollout_metrics(rows: list[dict], scores: list[dict], group_size: int, max_new_tokens: int) -> dict[str, float]:
+    """Reward, length and completion statistics of one step's stored rollouts and scores."""
+    rewards = [s["reward"] for s in scores]
+    lengths = [len(r["completion_ids"]) for r in rows]
+    truncated = [n >= max_new_tokens and not r["ended_with_eos"] for r, n in zip(rows, lengths)]
+    out = {
+        "reward/mean": _mean(rewards), "reward/std": _std(rewards),
+        "reward/min": min(rewards), "reward/max": max(rewards),
+        "reward/zero_std_fraction": zero_variance_fraction(rewards, group_size),
+        "response_length/mean": _mean(lengths), "response_length/p95": percentile(lengths, 95),
+        "response_length/truncated_fraction": sum(truncated) / len(rows),
+        "rollout/completion_rate": sum(r["ended_with_eos"] for r in rows) / len(rows),
+    }
+    for key in [k for k in scores[0] if k.startswith("reward_")]:
+        out[f"reward/{key.removeprefix('reward_')}"] = _mean([s[key] for s in scores])
+    rm = [s["rm_score"] for s in scores if s.get("rm_score") is not None]
+    if rm:
+        out["reward/rm_score"] = _mean(rm)
+    return out
+
+
+def peak_memory() -> dict[str, float]:
+    """Peak resident memory of this process (and of the GPU allocator where CUDA is used), in MiB."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"memory/cpu_peak_mb": rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["memory/gpu_peak_mb"] = torch.cuda.max_memory_allocated() / (1024 * 1024)
+    return out

@@ -1,0 +1,39 @@
+"""Progress for long stages: a rich bar on a terminal, one plain line per step otherwise (CI, logs)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def interactive() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
+
+
+class StepProgress:
+    def __init__(self, label: str, total: int, start: int = 0, fancy: bool | None = None, console=None):
+        self.label, self.total, self.start = label, total, start
+        self.t0 = time.perf_counter()
+        self.fancy = interactive() if fancy is None else fancy
+        self._bar = None
+        if self.fancy:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console)
+            self._task = self._bar.add_task(label, total=total, completed=start, info="")
+            self._bar.start()
+
+    def eta_s(self, done: int) -> float:
+        rate = (time.perf_counter() - self.t0) / max(1, done - self.start)
+        return rate * (self.total - done)
+
+    def advance(self, done: int, info: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, info=info)
+        else:
+            print(f"{self.label} step {done}/{self.total} {info} eta {self.eta_s(done):.0f}s", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

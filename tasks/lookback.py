@@ -1,0 +1,89 @@
+"""Look-back that needs MLflow: registered versions side by side, run comparison, run lookup."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from hindsight.config import PipelineConfig
+from hindsight.errors import ConfigError
+from hindsight.evaluate import judge
+from hindsight.fsutil import atomic_write_bytes
+from hindsight.models import load_causal_lm, load_tokenizer
+from hindsight.report import render_versions_report
+from tasks import tracking
+from tasks.stages import eval_rows
+
+
+def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Path:
+    """The RL start point and the newest registered policy versions answer the same eval prompts."""
+    c = tracking.client(cfg)
+    name = f"{cfg.name}-policy"
+    versions = sorted(c.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+    versions = versions[-cfg.eval.compare_versions:]
+    rows = eval_rows(cfg)[: cfg.eval.compare_prompts]
+    models = [(f"init ({init_label})", init_path)]
+    models += [(f"{name} v{v.version}", tracking.resolve_model(cfg, f"models:/{name}/{v.version}", "rl")[0])
+               for v in versions]
+    answers = {}
+    for label, path in models:
+        model = load_causal_lm(path, cfg.model.dtype).eval()
+        answers[label] = judge(model, load_tokenizer(path), rows, cfg.eval.reward, cfg.eval.max_new_tokens)
+        del model
+    out = cfg.root / "rl" / "reports" / "versions.html"
+    atomic_write_bytes(out, render_versions_report(cfg.name, [r["prompt"] for r in rows], answers).encode("utf-8"))
+    return out
+
+
+def client_for(uri: str | None) -> MlflowClient:
+    """The store named on the command line, else $MLFLOW_TRACKING_URI, else ./mlflow.db (as the stages use)."""
+    return tracking.client(PipelineConfig.model_validate({"tracking": {"tracking_uri": uri}}))
+
+
+def find_run(c: MlflowClient, ref: str):
+    """A run by id, or by name (the newest run with that name) across experiments."""
+    try:
+        return c.get_run(ref)
+    except MlflowException:
+        pass
+    exps = [e.experiment_id for e in c.search_experiments()]
+    runs = c.search_runs(exps, filter_string=f"attributes.run_name = '{ref}'", order_by=["attributes.start_time DESC"],
+                         max_results=1) if exps else []
+    if not runs:
+        raise ConfigError(f"run {ref!r} not found in the MLflow store at {c.tracking_uri}")
+    return runs[0]
+
+
+def run_dir_of(c: MlflowClient, ref: str) -> Path:
+    run = find_run(c, ref)
+    path = run.data.tags.get("hindsight.run_dir")
+    if not path:
+        raise ConfigError(f"run {ref!r} has no hindsight.run_dir tag (only RL stage runs store rollouts)")
+    return Path(path)
+
+
+def compare_runs(c: MlflowClient, ref_a: str, ref_b: str) -> str:
+    """Final metrics side by side, then the config keys whose values differ."""
+    a, b = find_run(c, ref_a), find_run(c, ref_b)
+    keys = sorted(set(a.data.metrics) | set(b.data.metrics))
+    lines = [_row("metric", a.info.run_name + " " + a.info.run_id[:8], b.info.run_name + " " + b.info.run_id[:8], "delta"),
+             _row("-" * 6, "-" * 10, "-" * 10, "-" * 5)]
+    for k in keys:
+        va, vb = a.data.metrics.get(k), b.data.metrics.get(k)
+        delta = f"{vb - va:+.4g}" if va is not None and vb is not None and math.isfinite(vb - va) else ""
+        lines.append(_row(k, _num(va), _num(vb), delta))
+    diff = sorted(k for k in set(a.data.params) | set(b.data.params) if a.data.params.get(k) != b.data.params.get(k))
+    lines += ["", f"config differences ({len(diff)}):"]
+    lines += [_row(k, a.data.params.get(k, "-"), b.data.params.get(k, "-"), "") for k in diff] or ["  (none)"]
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _row(*cols) -> str:
+    widths = (40, 22, 22, 10)
+    return "  ".join(str(c)[: w].ljust(w) for c, w in zip(cols, widths)).rstrip()
