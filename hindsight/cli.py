@@ -65,7 +65,7 @@ def _guard(fn, debug: bool):
 
 
 def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool,
-               force_new_run: bool = False):
+               force_new_run: bool = False, parent_run_id: Optional[str] = None, result_json: Optional[Path] = None):
     from hindsight.config import load_config
 
     _env()
@@ -82,8 +82,13 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
 
         if not debug:
             _quiet_user_errors()
-        result = registry.FLOWS[stage](cfg, force=force)
+        extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
+        result = registry.FLOWS[stage](cfg, force=force, **extra)
         _print_summary(result if isinstance(result, list) else [result])
+        if result_json:
+            import json
+
+            result_json.write_text(json.dumps(result, default=str))
         return result
 
     return _guard(go, debug)
@@ -119,11 +124,13 @@ def run_reward_model(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOp
 
 @run_app.command("rl")
 def run_rl(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
-           debug: bool = DebugOpt, force_new_run: bool = NewRunOpt):
+           debug: bool = DebugOpt, force_new_run: bool = NewRunOpt,
+           parent_run_id: Optional[str] = typer.Option(None, "--parent-run-id", hidden=True),
+           result_json: Optional[Path] = typer.Option(None, "--result-json", hidden=True)):
     """RL loop (rollout -> score -> update) from NAME-sft@latest; registers NAME-policy.
 
     Rerunning on a run directory that holds state resumes from its newest checkpoint."""
-    _run_stage("rl", config, set_, force or force_new_run, debug, force_new_run)
+    _run_stage("rl", config, set_, force or force_new_run, debug, force_new_run, parent_run_id, result_json)
 
 
 @run_app.command("negative-ft")
@@ -138,6 +145,33 @@ def run_pipeline(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, f
                  debug: bool = DebugOpt, force_new_run: bool = NewRunOpt):
     """The whole chain: sft -> reward-model -> rl, skipping stages whose cache is valid."""
     _run_stage("pipeline", config, set_, force, debug, force_new_run)
+
+
+@app.command("sweep")
+def sweep(config: Path = typer.Option(..., "-c", "--config", help="sweep YAML (see configs/sweep-demo.yaml)"),
+          set_: Optional[list[str]] = typer.Option(None, "--set", help="override a sweep key, e.g. max_concurrency=1"),
+          force: bool = ForceOpt, debug: bool = DebugOpt):
+    """Grid or random search over config keys: concurrent RL trials, ranked; the best is NAME-policy@best."""
+    _env()
+
+    def go():
+        from hindsight.sweep import load_sweep
+
+        sweep_cfg, base, _ = load_sweep(config, set_ or [])
+        from flows.sweep import sweep_flow
+
+        if not debug:
+            _quiet_user_errors()
+        result = sweep_flow(sweep_cfg, base, force=force, sweep_file=str(config))
+        if result["best"] is None:
+            from hindsight.errors import StageError
+
+            raise StageError(f"sweep {sweep_cfg.name}: every trial failed (logs under {base.root.parent / sweep_cfg.name})")
+        best = result["best"]
+        typer.echo(f"best: {best['trial']} {sweep_cfg.metric}={best[sweep_cfg.metric]:.4g} -> "
+                   f"{base.name}-policy v{best['version']} (alias @best)")
+
+    _guard(go, debug)
 
 
 TrackingOpt = typer.Option(None, "--tracking-uri", help="MLflow store; default $MLFLOW_TRACKING_URI, else ./mlflow.db")

@@ -1,0 +1,96 @@
+"""Sweep trials as tasks: each runs `hindsight run rl` in its own process.
+
+A process per trial, not a thread: sampling seeds torch's global RNG, so trials sharing a
+process would draw from one generator and stop being reproducible. The child reports to
+the same Prefect API and MLflow store, nested under the sweep's parent run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from prefect import task
+
+from hindsight.config import PipelineConfig
+from hindsight.errors import StageError
+from hindsight.fsutil import atomic_write_bytes
+from hindsight.history import MetricsLog
+from hindsight.plots import curves
+from tasks import tracking
+from tasks.cache import cache_key_from_inputs
+
+
+def prefect_api_url() -> str | None:
+    """The API this flow talks to, also when it is the CLI's temporary server, for the children."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if url:
+        return url
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    return server.api_url if server.running else None
+
+
+@task(name="trial", cache_key_fn=cache_key_from_inputs, persist_result=True)
+def trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_run_id: str, metric: str,
+               api_url: str | None, cache_key: str) -> dict:
+    """One trial's RL stage; raises (and is not cached) when the trial fails."""
+    cfg.root.mkdir(parents=True, exist_ok=True)
+    cfg_file, result_file = cfg.root / "trial.yaml", cfg.root / "trial-result.json"
+    atomic_write_bytes(cfg_file, yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True)).encode())
+    result_file.unlink(missing_ok=True)
+    env = {**os.environ, **({"PREFECT_API_URL": api_url} if api_url else {})}
+    cmd = [sys.executable, "-m", "hindsight.cli", "run", "rl", "-c", str(cfg_file),
+           "--parent-run-id", parent_run_id, "--result-json", str(result_file)]
+    with open(cfg.root / "trial.log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        lines = (cfg.root / "trial.log").read_text(errors="replace").splitlines()
+        why = next((ln for ln in reversed(lines) if ln.startswith(("error:", "stopped:"))), lines[-1] if lines else "")
+        raise StageError(f"trial {trial} exited {proc.returncode}: {why} (log: {cfg.root / 'trial.log'})")
+    result = json.loads(result_file.read_text())
+    run = tracking.client(cfg).get_run(result["run_id"])
+    return {"trial": trial, **params, "status": "finished", metric: run.data.metrics.get(metric),
+            "reward/mean": run.data.metrics.get("reward/mean"), "version": result["version"],
+            "run_id": result["run_id"], "run_dir": str(cfg.root)}
+
+
+def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:
+    cols = ["rank", "trial", *keys, metric, "reward/mean", "version", "status"]
+    widths = [max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in cols]
+    fmt = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(cols), fmt(["-" * w for w in widths])] + [fmt([_cell(r.get(c)) for c in cols]) for r in rows])
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def sweep_plots(out_dir: Path, rows: list[dict]) -> list[Path]:
+    """Each trial's reward curve and eval accuracy, one line per trial."""
+    histories = {r["trial"]: MetricsLog(Path(r["run_dir"]) / "rl" / "metrics.jsonl").read() for r in rows if r.get("run_dir")}
+    series = {key: {t: [(h["step"], float(h[key])) for h in hist if key in h] for t, hist in histories.items()}
+              for key in ("reward/mean", "eval/accuracy")}
+    files = {"curves.png": curves(series["reward/mean"], "reward/mean", "reward per trial"),
+             "accuracy.png": curves(series["eval/accuracy"], "eval/accuracy", "held-out accuracy per trial")}
+    for name, data in files.items():
+        atomic_write_bytes(out_dir / name, data)
+    return [out_dir / n for n in files]
+
+
+def sweep_parent_run(cfg: PipelineConfig, name: str, key: str) -> str:
+    """The sweep's MLflow parent run; a rerun of the same sweep reopens it, so every trial stays under one parent."""
+    c = tracking.client(cfg)
+    found = c.search_runs([tracking.experiment_id(c, cfg)], f"tags.`hindsight.sweep_key` = '{key}'", max_results=1)
+    if found:
+        c.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
+    return tracking.start_run(cfg, f"sweep-{name}", tags={"hindsight.sweep_key": key, "hindsight.sweep": name})
