@@ -214,6 +214,13 @@ class TrackingConfig(Strict):
     tracking_uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI, else sqlite in the cwd")
 
 
+class ResourcesConfig(Strict):
+    num_processes: int = Field(1, ge=1, description="> 1: SFT and the reward model train under `accelerate launch` "
+                                                    "with this many processes (batch_size stays the global batch)")
+    accelerate_config: str | None = Field(None, description="accelerate config file, e.g. configs/accelerate/fsdp.yaml; "
+                                                            "default: DDP")
+
+
 class RetryConfig(Strict):
     count: int = Field(1, ge=0)
     delay_s: float = Field(2.0, ge=0)
@@ -232,6 +239,15 @@ class PipelineConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+    @model_validator(mode="after")
+    def _batches_divide(self):
+        n = self.resources.num_processes
+        for key, batch in (("sft.batch_size", self.sft.batch_size), ("reward_model.batch_size", self.reward_model.batch_size)):
+            if batch % n:
+                raise ValueError(f"{key} {batch} does not divide over resources.num_processes {n}")
+        return self
 
     @property
     def root(self) -> Path:

@@ -6,6 +6,12 @@ from pathlib import Path
 from hindsight.data import load_rows
 
 
+# The data is shuffled once with the seed and read in order, so step k trains on the same
+# global batch whether one process reads it or N processes read a share each (the sampler a
+# Trainer builds for one process and the one accelerate builds for N draw different orders).
+_SAME_BATCHES = {"train_sampling_strategy": "sequential"}
+
+
 def _lora_config(lora):
     if lora is None or not lora.enabled:
         return None
@@ -25,22 +31,25 @@ def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float
     from hindsight.models import load_causal_lm, load_tokenizer
 
     rows = load_rows(data_path, required=("prompt", "completion"), columns=columns)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]).shuffle(seed=seed)
     tok = load_tokenizer(model_path)
     args = SFTConfig(
         output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,
-        max_steps=max_steps, per_device_train_batch_size=batch_size, max_length=max_length,
+        max_steps=max_steps, per_device_train_batch_size=_per_device(batch_size), max_length=max_length,
         seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
         use_cpu=not _has_cuda(), lr_scheduler_type="cosine", warmup_steps=0.05,
-        completion_only_loss=True, disable_tqdm=True,
+        completion_only_loss=True, disable_tqdm=True, **_SAME_BATCHES,
     )
     trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=_lora_config(lora),
                          callbacks=[_MetricCallback(log, "sft")] if log else None)
     result = trainer.train()
-    model = trainer.model.merge_and_unload() if hasattr(trainer.model, "merge_and_unload") else trainer.model
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tok.save_pretrained(out_dir)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:  # one writer under `accelerate launch`
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tok.save_pretrained(out_dir)
     return {"train/loss": float(result.training_loss)}
 
 
@@ -54,22 +63,37 @@ def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, 
     from hindsight.models import load_reward_model, load_tokenizer
 
     rows = load_rows(data_path, required=("prompt", "chosen", "rejected"), columns=columns)
-    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
+    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows]).shuffle(seed=seed)
     tok = load_tokenizer(model_path)
+    from transformers import set_seed
+
+    set_seed(seed)  # the new score head: the same init in every run and on every rank
     model = load_reward_model(model_path)
     model.config.pad_token_id = tok.pad_token_id
     args = RewardConfig(
         output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,
-        max_steps=max_steps, per_device_train_batch_size=batch_size, max_length=max_length,
+        max_steps=max_steps, per_device_train_batch_size=_per_device(batch_size), max_length=max_length,
         seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
-        use_cpu=not _has_cuda(), disable_tqdm=True,
+        use_cpu=not _has_cuda(), disable_tqdm=True, **_SAME_BATCHES,
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
                             callbacks=[_MetricCallback(log, "reward-model")] if log else None)
     result = trainer.train()
-    trainer.model.save_pretrained(out_dir, safe_serialization=True)
-    tok.save_pretrained(out_dir)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(out_dir, safe_serialization=True)
+        tok.save_pretrained(out_dir)
     return {"train/loss": float(result.training_loss)}
+
+
+def _per_device(batch_size: int) -> int:
+    """`batch_size` is the global batch; under `accelerate launch` each process takes its share."""
+    from hindsight.distributed import world_size
+
+    n = world_size()
+    if batch_size % n:
+        raise ValueError(f"batch_size {batch_size} does not divide over {n} processes")
+    return batch_size // n
 
 
 def _has_cuda() -> bool:

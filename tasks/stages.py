@@ -24,6 +24,14 @@ def evaluate_model(cfg: PipelineConfig, model, tok) -> float:
     return acc
 
 
+def _train(cfg: PipelineConfig, run_id: str, stage: str, kwargs: dict) -> dict:
+    """A TRL trainer in this process, or under `accelerate launch` with resources.num_processes."""
+    from hindsight.distributed import run_trainer  # TRL and peft take seconds to import; only these stages need them
+
+    return run_trainer(stage, kwargs, cfg.resources.num_processes, cfg.resources.accelerate_config,
+                       log=lambda m, step: tracking.log_metrics(cfg, run_id, m, step))
+
+
 def evaluate_path(cfg: PipelineConfig, path: str) -> float:
     return evaluate_model(cfg, load_causal_lm(path, cfg.model.dtype), load_tokenizer(path))
 
@@ -36,15 +44,12 @@ def sft_task(cfg: PipelineConfig, base: str, data_md5: str, cache_key: str, pare
 
 
 def _sft(cfg: PipelineConfig, base: str, data_md5: str, run_id: str, t0: float) -> dict:
-    from hindsight.trainers import train_sft  # TRL and peft take seconds to import; only this stage needs them
-
     tracking.log_context(cfg, run_id, data_md5)
     out_dir = cfg.root / "sft" / "model"
     s = cfg.sft
-    metrics = train_sft(base, cfg.data.sft, out_dir, lr=s.lr, epochs=s.epochs,
-                        batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
-                        max_steps=s.max_steps, columns=cfg.data.columns or None,
-                        log=lambda m, step: tracking.log_metrics(cfg, run_id, m, step))
+    metrics = _train(cfg, run_id, "sft", dict(
+        model_path=base, data_path=cfg.data.sft, out_dir=out_dir, lr=s.lr, epochs=s.epochs, batch_size=s.batch_size,
+        max_length=s.max_length, seed=cfg.seed, lora=s.lora, max_steps=s.max_steps, columns=cfg.data.columns or None))
     metrics["eval/accuracy"] = evaluate_path(cfg, str(out_dir))
     tracking.log_metrics(cfg, run_id, metrics, 0)
     version = tracking.register(cfg, run_id, out_dir, f"{cfg.name}-sft")
@@ -62,15 +67,13 @@ def reward_model_task(cfg: PipelineConfig, base_path: str, data_md5: str, cache_
 
 
 def _reward_model(cfg: PipelineConfig, base_path: str, data_md5: str, run_id: str, t0: float) -> dict:
-    from hindsight.trainers import train_reward_model
-
     tracking.log_context(cfg, run_id, data_md5)
     out_dir = cfg.root / "reward_model" / "model"
     r = cfg.reward_model
-    metrics = train_reward_model(base_path, cfg.data.prefs, out_dir, lr=r.lr, epochs=r.epochs,
-                                 batch_size=r.batch_size, max_length=r.max_length, seed=cfg.seed,
-                                 max_steps=r.max_steps, columns=cfg.data.columns or None,
-                                 log=lambda m, step: tracking.log_metrics(cfg, run_id, m, step))
+    metrics = _train(cfg, run_id, "reward-model", dict(
+        model_path=base_path, data_path=cfg.data.prefs, out_dir=out_dir, lr=r.lr, epochs=r.epochs,
+        batch_size=r.batch_size, max_length=r.max_length, seed=cfg.seed, max_steps=r.max_steps,
+        columns=cfg.data.columns or None))
     tracking.log_metrics(cfg, run_id, metrics, 0)
     version = tracking.register(cfg, run_id, out_dir, f"{cfg.name}-rm")
     tracking.end_run(cfg, run_id)
