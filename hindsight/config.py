@@ -80,8 +80,16 @@ class RewardFnConfig(Strict):
     weight: float = 1.0
 
 
+class VLLMConfig(Strict):
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="share of the GPU vLLM may take; the learner needs the rest")
+    max_model_len: int = Field(2048, ge=16)
+    dtype: str = Field("auto", description="vLLM's dtype; auto follows the checkpoint")
+
+
 class RolloutConfig(Strict):
-    backend: Literal["hf"] = Field("hf", description="transformers generate; vllm is planned, not built")
+    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers generate; vllm: a resident vLLM "
+                                                             "engine (optional extra, CUDA GPU)")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

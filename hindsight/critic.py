@@ -25,6 +25,7 @@ def token_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 
     input_ids, attention_mask: (B, P+T). Returns (B, T), aligned with `token_logprobs`.
     """
+    input_ids, attention_mask = input_ids.to(critic.device), attention_mask.to(critic.device)
     backbone = getattr(critic, critic.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (B, L, H)

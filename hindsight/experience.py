@@ -31,6 +31,11 @@ class Experience:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)  # (B, P+T)
 
+    def to(self, device) -> "Experience":
+        """The same batch with every tensor on `device` (the learner's)."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return Experience(**moved)
+
     def __len__(self) -> int:
         return self.prompt_ids.size(0)
 

@@ -57,12 +57,14 @@ def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor
 
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None) -> dict:
     """Train on one stored batch; returns metrics of the last pass (and every pass's ratio)."""
+    src, exp = exp, exp.to(model.device)
     mask = exp.completion_mask                                                   # (B, T)
     old_values = None
     if s.algorithm == "ppo":
         with torch.no_grad():
             old_values = token_values(critic, exp.input_ids, exp.attention_mask, mask.size(1))  # (B, T)
     exp.advantages, returns = compute_advantages(exp, s, old_values)
+    src.advantages = exp.advantages.detach().cpu()  # the caller stores them with the rollout
     model.train()
     metrics: dict[str, float] = {}
     for it in range(s.num_iterations):

@@ -17,6 +17,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     Logits are divided by the sampling temperature, as TRL does, so the ratio against the
     behaviour log-probs is exactly 1 before the first update.
     """
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids(attention_mask), use_cache=False)
     logits = out.logits[:, -n_completion - 1:-1, :].float() / temperature  # (B, T, V)
@@ -31,6 +32,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Scalar reward-model scores, (B,), for right- or left-padded sequences."""
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids(attention_mask))
     return out.logits.squeeze(-1).float()

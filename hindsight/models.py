@@ -101,14 +101,20 @@ def load_tokenizer(path: str):
     return tok
 
 
+def default_device() -> torch.device:
+    """The GPU when there is one: RL models load there, and batches follow the model's device."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def load_causal_lm(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
-    return _loading(path, "model", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
+    return _loading(path, "model", lambda: AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype)).to(default_device()))
 
 
 def load_reward_model(path: str, dtype: str = "float32"):
     from transformers import AutoModelForSequenceClassification
 
     return _loading(path, "reward model", lambda: AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=getattr(torch, dtype)))
+        path, num_labels=1, dtype=getattr(torch, dtype)).to(default_device()))

@@ -49,12 +49,13 @@ def negative_finetune(model, pad_id: int, negatives: list[dict], positives: list
         neg = rng.sample(negatives, min(batch_size, len(negatives)))
         ids, attn, mask = _batch(neg, pad_id)
         logp, _ = token_logprobs(model, ids, attn, mask.size(1))                        # (B, T)
-        ul = unlikelihood_loss(logp, mask)
-        nll = torch.zeros(())
+        ul = unlikelihood_loss(logp, mask.to(logp.device))
+        nll = torch.zeros((), device=logp.device)
         if positives and positive_weight:
             pos = rng.sample(positives, min(batch_size, len(positives)))
             ids, attn, pmask = _batch(pos, pad_id)
             plogp, _ = token_logprobs(model, ids, attn, pmask.size(1))                  # (B, T)
+            pmask = pmask.to(plogp.device)
             nll = -(plogp * pmask).sum() / pmask.sum().clamp(min=1)
         loss = ul + positive_weight * nll
         optimizer.zero_grad(set_to_none=True)

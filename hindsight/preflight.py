@@ -26,6 +26,10 @@ def check_inputs(cfg: PipelineConfig, stages: list[str]) -> None:
         if stage == "rl":
             for reward in cfg.rl.rewards:
                 load_reward_fn(reward.fn)
+            if cfg.rl.rollout.backend == "vllm":
+                from hindsight.rollout.vllm import require_vllm
+
+                require_vllm()
     if {"sft", "rl"} & set(stages):
         load_rows(d.eval, required=("prompt",), split=d.eval_split, columns=columns, limit=cfg.eval.limit)
         load_reward_fn(cfg.eval.reward)

@@ -114,6 +114,7 @@ class RLRun:
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.settings = learner_settings(self.rl)
+        self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
@@ -139,8 +140,7 @@ class RLRun:
         batch, metrics = self.select_prompts(step)
         r = self.rl.rollout
         t0 = time.perf_counter()
-        exp = generate(self.policy, self.tok, [b["prompt"] for b in batch], self.rl.samples_per_prompt,
-                       r.max_new_tokens, r.temperature, r.top_p, seed=step_seed(self.cfg.seed, step))
+        exp = self._generate([b["prompt"] for b in batch], step)
         seconds = time.perf_counter() - t0
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         rows = []
@@ -160,6 +160,23 @@ class RLRun:
         crash_point("rollout", step)
         metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
         return self.store.write("rollouts", step, rows), metrics
+
+    def _generate(self, prompts: list[str], step: int) -> Experience:
+        r = self.rl.rollout
+        if r.backend == "hf":
+            return generate(self.policy, self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens,
+                            r.temperature, r.top_p, seed=step_seed(self.cfg.seed, step))
+        if self.engine is None:
+            from hindsight.rollout.vllm import VLLMEngine
+
+            v = r.vllm
+            self.engine = VLLMEngine(self.init_path, v.dtype, self.cfg.seed, v.gpu_memory_utilization, v.max_model_len)
+            self.engine_stale = True
+        if self.engine_stale:  # the policy moved since the engine last saw it
+            self.engine.load_weights(self.policy)
+            self.engine_stale = False
+        return self.engine.generate(self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens, r.temperature,
+                                    r.top_p, seed=step_seed(self.cfg.seed, step))
 
     def select_prompts(self, step: int) -> tuple[list[dict], dict]:
         """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
@@ -233,6 +250,7 @@ class RLRun:
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
             exp = self.experience_from_rows(train_rows, train_scores)
             metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
+            self.engine_stale = True
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
         metrics.update(rollout_metrics(rows, scores, self.rl.samples_per_prompt, self.rl.rollout.max_new_tokens))
         metrics.update({"time/update_s": time.perf_counter() - t0, "lr": self.optimizer.param_groups[0]["lr"],

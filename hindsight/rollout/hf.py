@@ -26,18 +26,19 @@ def generate(model, tok, prompts: list[str], group_size: int, max_new_tokens: in
     was_training = model.training
     model.eval()
     out = model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
+        input_ids=prompt_ids.to(model.device), attention_mask=prompt_mask.to(model.device), max_new_tokens=max_new_tokens,
         do_sample=do_sample, temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=None,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
     )
+    out = out.cpu()  # the batch lives on the CPU between steps; models move what they read
     completion_ids = out[:, prompt_ids.size(1):]                             # (B, T)
     mask = completion_mask(completion_ids, tok.eos_token_id)                 # (B, T)
     completion_ids = completion_ids.masked_fill(mask == 0, tok.pad_token_id)
     full_mask = torch.cat([prompt_mask, mask], dim=1)
     logp, _ = token_logprobs(model, out, full_mask, completion_ids.size(1), temperature)
     model.train(was_training)
-    return Experience(prompt_ids, prompt_mask, completion_ids, mask, logp * mask, group_size)
+    return Experience(prompt_ids, prompt_mask, completion_ids, mask, logp.cpu() * mask, group_size)
 
 
 def decode_completions(tok, exp: Experience) -> list[str]:

@@ -106,6 +106,13 @@ def _(ws, tmp):
     return write_text_config(tmp, "rl:\n  rewards:\n    - fn: rewards.exact\n")
 
 
+@case("vllm-unavailable")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    cfg["rl"]["rollout"] = {**cfg["rl"].get("rollout", {}), "backend": "vllm"}
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
 @case("set-syntax")
 def _(ws, tmp):
     return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", "rl.steps"))

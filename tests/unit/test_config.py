@@ -8,10 +8,30 @@ from hindsight.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("path", sorted(ROOT.glob("configs/**/*.yaml")), ids=lambda p: p.name)
+PIPELINES = [p for p in sorted(ROOT.glob("configs/**/*.yaml")) if "accelerate" not in p.parts and "sweep" not in p.name]
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
     assert cfg.name
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("configs/sweep*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sweep_validates_with_its_trials(path):
+    from hindsight.sweep import load_sweep, trial_config, trial_params
+
+    sweep, base, _ = load_sweep(path)
+    trials = [trial_config(sweep, base, i, p, path) for i, p in enumerate(trial_params(sweep))]
+    assert len(trials) >= 4 and len({t.root for t in trials}) == len(trials)
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("configs/accelerate/*.yaml")), ids=lambda p: p.name)
+def test_accelerate_examples_are_accelerate_configs(path):
+    import yaml
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    ClusterConfig(**yaml.safe_load(path.read_text()))  # accelerate's own schema: an unknown key raises
 
 
 def _write(tmp_path, text):

@@ -1,0 +1,80 @@
+"""GPU check: a ~100M-parameter model built in code, a few RL steps with hf and with vllm rollouts.
+
+Installs and downloads nothing. Prints rollout tokens/s per backend and the update's
+throughput (trained tokens per second), side by side. Run through bench/gpu_check.sh.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.data import build_demo_data
+from hindsight.models import build_tiny_model
+from hindsight.rl import RLRun
+
+
+def run(backend: str, work: Path, init: str, steps: int) -> dict:
+    cfg = PipelineConfig.model_validate({
+        "name": f"gpu-{backend}", "run_dir": str(work / backend),
+        "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
+        "model": {"dtype": "bfloat16"},
+        "rl": {"steps": steps, "prompts_per_step": 64, "samples_per_prompt": 8, "reward_isolation": "inline",
+               "save_every": steps, "alerts": [],
+               "rollout": {"backend": backend, "max_new_tokens": 128, "temperature": 1.0,
+                           "vllm": {"gpu_memory_utilization": 0.35, "max_model_len": 512}}}})
+    rl = RLRun(cfg, init, None)
+    assert rl.policy.device.type == "cuda"  # models load onto the GPU when there is one
+    rows = []
+    for step in range(steps):
+        _, gen = rl.rollout(step)
+        rl.score(step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        upd = rl.update(step)
+        torch.cuda.synchronize()
+        trained = sum(len(r["completion_ids"]) for r in rl.store.read("rollouts", step))
+        rows.append({"tokens_per_s": gen["rollout/tokens_per_s"], "update_tokens_per_s": trained / (time.perf_counter() - t0),
+                     "reward": upd["reward/mean"]})
+    rl.close()
+    warm = rows[1:] or rows  # the first step pays for compilation and the engine's start
+    return {k: sum(r[k] for r in warm) / len(warm) for k in rows[0]}
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA GPU visible: this check needs one")
+        return 2
+    steps = int(os.environ.get("GPU_CHECK_STEPS", "4"))
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    build_demo_data(work / "data", seed=0)
+    init = str(build_tiny_model(work / "init", hidden=768, layers=12, heads=12))
+    n_params = sum(p.numel() for p in __import__("hindsight.models", fromlist=["x"]).load_causal_lm(init).parameters())
+    print(f"model: {n_params / 1e6:.0f}M parameters, {torch.cuda.get_device_name()}")
+    results = {}
+    for backend in ("hf", "vllm"):
+        try:
+            results[backend] = run(backend, work, init, steps)
+        except Exception as exc:  # report, and still print the other backend's figures
+            results[backend] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"{'backend':8} {'rollout tok/s':>14} {'update tok/s':>13} {'reward':>7}")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:8} {r['error']}")
+        else:
+            print(f"{name:8} {r['tokens_per_s']:14.0f} {r['update_tokens_per_s']:13.0f} {r['reward']:7.3f}")
+    if all("error" not in r for r in results.values()):
+        print(f"vllm / hf rollout throughput: {results['vllm']['tokens_per_s'] / results['hf']['tokens_per_s']:.2f}x")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_check.json").write_text(json.dumps(results, indent=1))
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

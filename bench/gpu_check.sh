@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One short GPU check (about 2-3 minutes on one H200): RL steps of a ~100M model built in code,
+# with hf and with vllm rollouts. Installs nothing from the network: run it where the project
+# and its `.[vllm]` extra are already installed. Prints tokens/s per backend and update throughput.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PREFECT_SERVER_ANALYTICS_ENABLED=false TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
+  || echo "vllm is not importable: the vllm row will show the error"
+exec python bench/gpu_check.py

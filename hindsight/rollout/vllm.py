@@ -1,0 +1,91 @@
+"""Rollouts with vLLM (`rl.rollout.backend: vllm`, the optional `.[vllm]` extra, a CUDA GPU).
+
+One engine stays resident for the whole RL stage. After each update the policy's new weights
+are pushed into it in place (vLLM's `load_weights`, as TRL's colocate mode does), so the
+engine is never restarted. Log-probs come back from vLLM already processed by temperature
+(`logprobs_mode="processed_logprobs"`), which is what the learner's importance ratio compares
+against. Not run on the CPU development machine: `bench/gpu_check.sh` exercises it on a GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from hindsight.errors import ConfigError
+from hindsight.experience import Experience, pad_left, pad_right
+
+
+def vllm_problem() -> str | None:
+    """Why the vLLM backend cannot run here, or None when it can."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (pip install -e '.[vllm]')"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (vLLM needs one; use rollout.backend: hf on a CPU)"
+    return None
+
+
+def require_vllm() -> None:
+    problem = vllm_problem()
+    if problem:
+        raise ConfigError(f"rl.rollout.backend: vllm cannot run: {problem}")
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int):
+        require_vllm()
+        from vllm import LLM
+
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+
+    def load_weights(self, model) -> None:
+        """Push the policy's current weights into the resident engine (no restart, no disk)."""
+        weights = [(name, p.detach()) for name, p in model.named_parameters()]
+        runner_model = _in_process_model(self.llm)
+        if runner_model is not None:
+            runner_model.load_weights(weights)
+        else:  # engine workers in their own processes: ship the tensors to them
+            cpu = [(n, w.to("cpu")) for n, w in weights]
+            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu,))
+        self.llm.reset_prefix_cache()
+
+    @torch.no_grad()
+    def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int) -> Experience:
+        """Sample `group_size` completions per prompt; returns the same Experience as the hf backend."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                                logprobs=0, seed=seed)
+        seqs = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+        prompt_rows, completions, logprobs = [], [], []
+        for seq, out in zip(seqs, outputs):
+            for c in out.outputs:  # n samples of this prompt: one group
+                prompt_rows.append(seq)
+                completions.append(list(c.token_ids))
+                logprobs.append([step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
+        return experience_from_samples(prompt_rows, completions, logprobs, group_size, tok.pad_token_id)
+
+
+def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]],
+                            group_size: int, pad_id: int) -> Experience:
+    """Token lists (vLLM stops at EOS and includes it) -> the padded batch the learner trains on."""
+    p_ids, p_mask = pad_left(prompt_ids, pad_id)                                  # (B, P)
+    c_ids, c_mask = pad_right(completions, pad_id)                                # (B, T)
+    lp, _ = pad_right(logprobs, 0.0, dtype=torch.float32)                          # (B, T)
+    return Experience(p_ids, p_mask, c_ids, c_mask, lp * c_mask, group_size)
+
+
+def _in_process_model(llm):
+    """The engine's torch model when it runs in this process (vLLM's V0 layout or in-process V1)."""
+    executor = getattr(llm.llm_engine, "model_executor", None)
+    worker = getattr(executor, "driver_worker", None)
+    worker = getattr(worker, "worker", worker)
+    runner = getattr(worker, "model_runner", None)
+    return getattr(runner, "model", None)
+
+
+def _load_weights_on_worker(worker, weights):
+    worker.model_runner.model.load_weights([(n, w.to(worker.device)) for n, w in weights])

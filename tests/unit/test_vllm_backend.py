@@ -1,0 +1,79 @@
+"""The vLLM backend's own logic on a CPU: the batch it builds, the clear error where vLLM cannot
+run, and that the RL stage pushes new weights into the resident engine after every update and
+passes the sampling settings through. A stand-in engine (sampling with transformers) replaces
+vLLM itself, which needs a GPU: bench/gpu_check.sh runs the real one."""
+import pytest
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.data import build_demo_data
+from hindsight.errors import ConfigError
+from hindsight.models import build_tiny_model
+from hindsight.preflight import check_inputs
+from hindsight.rl import RLRun
+from hindsight.rollout import vllm as vllm_backend
+from hindsight.rollout.hf import generate
+
+
+def test_experience_from_samples_pads_like_the_hf_backend():
+    exp = vllm_backend.experience_from_samples([[5, 6], [5, 6], [7]], [[1, 2, 0], [3], []], [[-0.1, -0.2, -0.3], [-1.0], []],
+                                               group_size=2, pad_id=0)
+    assert exp.prompt_ids.tolist() == [[5, 6], [5, 6], [0, 7]] and exp.prompt_mask.tolist() == [[1, 1], [1, 1], [0, 1]]
+    assert exp.completion_mask.tolist() == [[1, 1, 1], [1, 0, 0], [0, 0, 0]]
+    assert torch.allclose(exp.logprobs, torch.tensor([[-0.1, -0.2, -0.3], [-1.0, 0, 0], [0, 0, 0]]))
+    assert exp.group_size == 2
+
+
+def test_clear_error_where_vllm_cannot_run(monkeypatch):
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"rl.rollout.backend: vllm cannot run: vLLM is not installed"):
+        vllm_backend.require_vllm()
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+        vllm_backend.require_vllm()
+
+
+class StandInEngine:
+    """Records what the RL stage asks of the engine; samples with transformers from its own copy."""
+
+    def __init__(self, model):
+        self.model, self.loads, self.calls = model, 0, []
+
+    def load_weights(self, policy):
+        self.model.load_state_dict(policy.state_dict())
+        self.loads += 1
+
+    def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed):
+        self.calls.append((group_size, max_new_tokens, temperature, top_p, seed))
+        return generate(self.model, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed=seed)
+
+
+def varied(completions, **_):
+    return [float(len(c) % 3) for c in completions]
+
+
+def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, monkeypatch):
+    build_demo_data(tmp_path / "data", seed=0)
+    init = str(build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2))
+    cfg = PipelineConfig.model_validate({
+        "name": "v", "run_dir": str(tmp_path / "run"),
+        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl")},
+        "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 3, "reward_isolation": "inline", "lr": 1e-2,
+               "rollout": {"backend": "vllm", "max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95},
+               "rewards": [{"fn": "test_vllm_backend:varied"}]}})
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="rl.rollout.backend: vllm cannot run"):
+        check_inputs(cfg, ["rl"])  # the stage refuses before loading anything
+    run = RLRun(cfg, init, None)
+    from hindsight.models import load_causal_lm
+
+    engine = StandInEngine(load_causal_lm(init))
+    run.engine = engine
+    for step in range(2):
+        run.rollout(step), run.score(step), run.update(step)
+    assert engine.loads == 2  # before step 0 (policy from checkpoint) and after the step-0 update
+    assert engine.calls[0][:4] == (3, 4, 0.9, 0.95)
+    for a, b in zip(engine.model.parameters(), run.policy.parameters()):
+        assert not torch.equal(a, b)  # step 1's update happened after the engine last synced
+    run.close()
