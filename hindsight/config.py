@@ -276,10 +276,11 @@ def apply_override(raw: dict, assignment: str) -> None:
     node[parts[-1]] = yaml.safe_load(value)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "config"):
+    """(the mapping with `--set` overrides applied, the file's text); bad YAML names the file and line."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: config file not found")
+        raise ConfigError(f"{path}: {what} file not found")
     text = path.read_text(encoding="utf-8")
     try:
         raw = yaml.safe_load(text) or {}
@@ -291,10 +292,15 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     for assignment in overrides:
         apply_override(raw, assignment)
+    return raw, text
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    raw, text = read_yaml_mapping(path, overrides)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path, text)) from None
+        raise ConfigError(_describe(exc, Path(path), text)) from None
 
 
 def _describe(exc: ValidationError, path: Path, text: str) -> str:

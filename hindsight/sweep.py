@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from hindsight.config import PipelineConfig, Strict, _describe, apply_override, load_config
+from hindsight.config import PipelineConfig, Strict, _describe, load_config, read_yaml_mapping
 from hindsight.errors import ConfigError
 
 
@@ -58,18 +58,7 @@ class SweepConfig(Strict):
 def load_sweep(path: str | Path, overrides: list[str] | tuple = ()) -> tuple[SweepConfig, PipelineConfig, Path]:
     """The sweep, its base config (with the sweep's `set`) and the base's path."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: sweep file not found")
-    text = path.read_text(encoding="utf-8")
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"{path}:{mark.line + 1 if mark else '?'}: malformed YAML") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    for assignment in overrides:
-        apply_override(raw, assignment)
+    raw, text = read_yaml_mapping(path, overrides, what="sweep")
     try:
         sweep = SweepConfig.model_validate(raw)
     except ValidationError as exc:
