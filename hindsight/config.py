@@ -252,6 +252,9 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _batches_divide(self):
         n = self.resources.num_processes
+        if n > 1 and self.rl.algorithm == "ppo":
+            raise ValueError("resources.num_processes > 1 does not support rl.algorithm ppo yet (its critic "
+                             "trains in one process); use grpo, rloo or reinforce_pp, or num_processes: 1")
         for key, batch in (("sft.batch_size", self.sft.batch_size), ("reward_model.batch_size", self.reward_model.batch_size)):
             if batch % n:
                 raise ValueError(f"{key} {batch} does not divide over resources.num_processes {n}")

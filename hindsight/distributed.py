@@ -22,7 +22,8 @@ from pathlib import Path
 from hindsight.errors import StageError
 from hindsight.fsutil import append_line, atomic_write_json
 
-TRAINERS = {"sft": "hindsight.trainers:train_sft", "reward-model": "hindsight.trainers:train_reward_model"}
+TRAINERS = {"sft": "hindsight.trainers:train_sft", "reward-model": "hindsight.trainers:train_reward_model",
+            "rl-update": "hindsight.distributed:rl_update"}
 
 
 def world_size() -> int:
@@ -70,9 +71,60 @@ def run_trainer(stage: str, kwargs: dict, num_processes: int = 1, accelerate_con
     return json.loads((workdir / "result.json").read_text())
 
 
+def share(group_ids: list[int], rank: int, world: int) -> list[int]:
+    """Rows of this process's share: whole groups, dealt round-robin, so every group stays on one process."""
+    groups = sorted(set(group_ids))
+    mine = set(groups[rank::world])
+    return [i for i, g in enumerate(group_ids) if g in mine]
+
+
+def share_scale(exp, index: list[int], agg: str, world: int) -> float:
+    """Multiplier that makes a share's mean loss its part of the whole batch's loss after DDP
+    averages gradients over `world` processes (token_mean normalises by tokens, the others by sequences)."""
+    if agg == "token_mean":
+        local, total = float(exp.completion_mask[index].sum()), float(exp.completion_mask.sum())
+    else:
+        local, total = float(len(index)), float(len(exp))
+    return world * local / max(total, 1.0)
+
+
+def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, settings: dict, lr: float, dtype: str,
+              out_dir: str) -> dict:
+    """One RL update, run in every process of an `accelerate launch`: each takes its share of the
+    batch (advantages already computed on the whole), DDP sums the gradients, rank 0 saves."""
+    import torch
+    from accelerate import PartialState
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hindsight.experience import Experience
+    from hindsight.learner import settings_from_dict, update
+    from hindsight.models import load_causal_lm
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    s = settings_from_dict(settings)
+    model = load_causal_lm(policy_dir, dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
+    exp = Experience(**torch.load(batch_file, weights_only=True))
+    index = share(exp.meta["groups"], state.process_index, state.num_processes)
+    scale = share_scale(exp, index, s.loss.agg, state.num_processes)
+    ddp = DistributedDataParallel(model, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
+    metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        model.save_pretrained(out_dir, safe_serialization=True)
+        torch.save(optimizer.state_dict(), Path(out_dir) / "optimizer.pt")
+    return metrics
+
+
 def main(args_file: str) -> None:
     spec = json.loads(Path(args_file).read_text())
     workdir = Path(spec["workdir"])
+    if spec["stage"] == "rl-update":
+        metrics = rl_update(**spec["kwargs"])
+        if is_main_process():
+            atomic_write_json(workdir / "result.json", metrics)
+        return
     kwargs = spec["kwargs"]
     if kwargs.get("lora"):
         from hindsight.config import LoraConfig

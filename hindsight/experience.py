@@ -36,6 +36,11 @@ class Experience:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
         return Experience(**moved)
 
+    def rows(self, index: list[int]) -> "Experience":
+        """The batch restricted to some sequences (a process's share), keeping the padded width."""
+        picked = {k: v[index] if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return Experience(**picked)
+
     def __len__(self) -> int:
         return self.prompt_ids.size(0)
 

@@ -14,7 +14,7 @@ from hindsight.algorithms import advantages as adv
 from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss, value_loss
 from hindsight.critic import token_values
 from hindsight.experience import Experience
-from hindsight.logprobs import token_logprobs
+from hindsight.logprobs import model_device, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class LearnerSettings:
     gamma: float = 1.0
     lam: float = 0.95
     value_clip: float = 0.2
+
+
+def settings_from_dict(d: dict) -> LearnerSettings:
+    """Inverse of dataclasses.asdict, for settings sent to launched processes."""
+    return LearnerSettings(**{**d, "loss": LossSettings(**d["loss"])})
 
 
 def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
@@ -55,20 +60,27 @@ def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor
     raise ValueError(f"unknown algorithm: {s.algorithm}")
 
 
-def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None) -> dict:
-    """Train on one stored batch; returns metrics of the last pass (and every pass's ratio)."""
-    src, exp = exp, exp.to(model.device)
+def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
+           loss_scale: float = 1.0) -> dict:
+    """Train on one stored batch; returns metrics of the last pass (and every pass's ratio).
+
+    With `exp.advantages` already set (a process's share of a batch whose advantages were
+    computed whole), they are used as they are; `loss_scale` turns that share's loss into
+    its part of the whole batch's loss under DDP (see `distributed.rl_update`).
+    """
+    src, exp = exp, exp.to(model_device(model))
     mask = exp.completion_mask                                                   # (B, T)
-    old_values = None
+    old_values, returns = None, None
     if s.algorithm == "ppo":
         with torch.no_grad():
             old_values = token_values(critic, exp.input_ids, exp.attention_mask, mask.size(1))  # (B, T)
-    exp.advantages, returns = compute_advantages(exp, s, old_values)
-    src.advantages = exp.advantages.detach().cpu()  # the caller stores them with the rollout
+    if exp.advantages is None:
+        exp.advantages, returns = compute_advantages(exp, s, old_values)
+        src.advantages = exp.advantages.detach().cpu()  # the caller stores them with the rollout
     model.train()
     metrics: dict[str, float] = {}
     for it in range(s.num_iterations):
-        step = _policy_step(model, optimizer, exp, s)
+        step = _policy_step(model, optimizer, exp, s, loss_scale)
         if critic is not None:
             step.update(_critic_step(critic, critic_optimizer, exp, old_values, returns, s))
         metrics.update(step)
@@ -76,13 +88,13 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
     return metrics
 
 
-def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings) -> dict:
+def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, loss_scale: float = 1.0) -> dict:
     mask = exp.completion_mask
     logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
                                    s.temperature, with_entropy=True)             # (B, T), (B, T)
     loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss, entropy)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * loss_scale).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
     optimizer.step()
     m = mask.to(entropy.dtype)

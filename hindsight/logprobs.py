@@ -4,6 +4,11 @@ from __future__ import annotations
 import torch
 
 
+def model_device(model) -> torch.device:
+    """Where a model's weights live; also for a DDP wrapper, which has no `.device`."""
+    return next(model.parameters()).device
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) positions that skip left padding, matching what `generate` used."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -17,7 +22,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     Logits are divided by the sampling temperature, as TRL does, so the ratio against the
     behaviour log-probs is exactly 1 before the first update.
     """
-    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
+    dev = model_device(model)
+    input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids(attention_mask), use_cache=False)
     logits = out.logits[:, -n_completion - 1:-1, :].float() / temperature  # (B, T, V)

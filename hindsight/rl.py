@@ -249,7 +249,10 @@ class RLRun:
         train_rows, train_scores, metrics = self._train_groups(rows, scores)
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
             exp = self.experience_from_rows(train_rows, train_scores)
-            metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
+            if self.cfg.resources.num_processes > 1:
+                metrics.update(self._launched_update(exp, train_rows))
+            else:
+                metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
             self.engine_stale = True
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
         metrics.update(rollout_metrics(rows, scores, self.rl.samples_per_prompt, self.rl.rollout.max_new_tokens))
@@ -259,6 +262,31 @@ class RLRun:
         done = step + 1
         if done % self.rl.save_every == 0 or done == self.rl.steps:
             self.checkpoint(done)
+        return metrics
+
+    def _launched_update(self, exp: Experience, rows: list[dict]) -> dict:
+        """The update under `accelerate launch` (resources.num_processes): the batch's advantages are
+        computed here on the whole batch, each process trains on its share, and the new weights and
+        optimizer state come back through files (`rl/launch/`)."""
+        from dataclasses import asdict
+
+        from hindsight.distributed import run_trainer
+        from hindsight.learner import compute_advantages
+
+        work = self.dir / "launch"
+        exp.advantages, _ = compute_advantages(exp, self.settings)
+        exp.meta["groups"] = [r["group"] for r in rows]
+        self.policy.save_pretrained(work / "policy", safe_serialization=True)
+        torch.save(self.optimizer.state_dict(), work / "optimizer.pt")
+        torch.save(vars(exp), work / "batch.pt")
+        res = self.cfg.resources
+        metrics = run_trainer("rl-update", dict(
+            policy_dir=str(work / "policy"), optimizer_file=str(work / "optimizer.pt"), batch_file=str(work / "batch.pt"),
+            settings=asdict(self.settings), lr=self.rl.lr, dtype=self.cfg.model.dtype, out_dir=str(work / "out")),
+            res.num_processes, res.accelerate_config, workdir=work)
+        self.policy = load_causal_lm(str(work / "out"), self.cfg.model.dtype)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
+        self.optimizer.load_state_dict(torch.load(work / "out" / "optimizer.pt", weights_only=True))
         return metrics
 
     def checkpoint(self, done: int) -> None:
