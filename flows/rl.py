@@ -72,7 +72,8 @@ def _train(cfg: PipelineConfig, key: str, run_id: str, t0: float) -> dict:
         progress.close()
     final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
     version = tracking.register(cfg, run_id, run.ckpt.policy_dir(cfg.rl.steps), f"{cfg.name}-policy")
-    tracking.log_artifact(cfg, run_id, compare_versions(cfg, run.init_path, cfg.rl.init or sft_uri(cfg)), "reports")
+    if cfg.eval.compare_versions:
+        tracking.log_artifact(cfg, run_id, compare_versions(cfg, run.init_path, cfg.rl.init or sft_uri(cfg)), "reports")
     tracking.end_run(cfg, run_id)
     return {"stage": "rl", "model": f"{cfg.name}-policy", "version": version, "run_id": run_id,
             "eval/accuracy": final_acc, "wall_s": time.perf_counter() - t0}

@@ -214,7 +214,8 @@ class EvalConfig(Strict):
     max_new_tokens: int = Field(8, ge=1)
     reward: RewardSpec = Field("rewards.exact:exact_answer", description="reward deciding correctness (score >= 1)")
     compare_prompts: int = Field(8, ge=1, description="fixed eval prompts answered by each registered policy version")
-    compare_versions: int = Field(4, ge=1, description="newest registered policy versions in the comparison")
+    compare_versions: int = Field(4, ge=0, description="newest registered policy versions in the comparison; "
+                                                       "0 skips it (each version is loaded once per RL stage)")
 
 
 class TrackingConfig(Strict):
