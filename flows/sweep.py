@@ -13,7 +13,8 @@ from hindsight.fsutil import atomic_write_bytes
 from hindsight.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
 from tasks import tracking
 from tasks.cache import stage_key
-from tasks.sweep import prefect_api_url, ranking_table, sweep_parent_run, sweep_plots, trial_task
+from tasks.sweep import (deployment_trial_task, prefect_api_url, ranking_table, sweep_parent_run, sweep_plots,
+                         trial_task)
 
 
 @flow(name="sweep", log_prints=True)
@@ -50,16 +51,17 @@ def _shared_stages(base: PipelineConfig, force: bool) -> dict:
 
 def _run_trials(sweep: SweepConfig, trials: list[PipelineConfig], parent: str, shared: dict, force: bool) -> list[dict]:
     """Submit every trial; a failed one is recorded and the others carry on."""
-    api = prefect_api_url()
-    runner = trial_task.with_options(refresh_cache=force, task_run_name="trial-{trial}")
     params = trial_params(sweep)
+    task = deployment_trial_task if sweep.deployment else trial_task
+    runner = task.with_options(refresh_cache=force, task_run_name="trial-{trial}")
+    where = {"deployment": sweep.deployment} if sweep.deployment else {"api_url": prefect_api_url()}
     with ThreadPoolTaskRunner(max_workers=sweep.max_concurrency) as pool:
         futures = []
         for i, cfg in enumerate(trials):
             key = stage_key("trial", {"cfg": cfg.model_dump(), "metric": sweep.metric}, shared, tracking.store_id(cfg))
             futures.append(pool.submit(runner, parameters={
                 "cfg": cfg, "trial": trial_id(i), "params": params[i], "parent_run_id": parent,
-                "metric": sweep.metric, "api_url": api, "cache_key": key}))
+                "metric": sweep.metric, "cache_key": key, **where}))
         results = []
         for i, fut in enumerate(futures):
             state = fut.wait() or fut.state

@@ -36,6 +36,8 @@ class SweepConfig(Strict):
     metric: str = Field("eval/accuracy", description="the RL run's final metric that ranks trials")
     mode: Literal["max", "min"] = "max"
     max_concurrency: int = Field(2, ge=1, description="trials running at once")
+    deployment: str | None = Field(None, description="submit each trial as a run of this Prefect deployment "
+                                                     "(e.g. rl/rl-local) to its work pool; default: local processes")
     set: dict[str, Any] = Field(default_factory=dict, description="overrides applied to every trial")
     params: dict[str, list | Range] = Field(description="dotted key -> values (grid or random) or a range (random)")
 

@@ -61,6 +61,32 @@ def trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_run_id: str
             "run_id": result["run_id"], "run_dir": str(cfg.root)}
 
 
+@task(name="trial", cache_key_fn=cache_key_from_inputs, persist_result=True)
+def deployment_trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_run_id: str, metric: str,
+                          deployment: str, cache_key: str) -> dict:
+    """One trial as a run of an RL deployment: a worker of its pool picks it up; the result is
+    read back from the shared MLflow store (the flow run and this process share the store)."""
+    from prefect.deployments import run_deployment
+
+    flow_run = run_deployment(deployment, parameters={"cfg": cfg.model_dump(mode="json", by_alias=True),
+                                                      "parent_run_id": parent_run_id}, timeout=None)
+    if not flow_run.state.is_completed():
+        raise StageError(f"trial {trial}: flow run {flow_run.name} of {deployment} ended {flow_run.state.type.value}: "
+                         f"{flow_run.state.message}")
+    c = tracking.client(cfg)
+    runs = c.search_runs([tracking.experiment_id(c, cfg)],
+                         f"tags.mlflow.parentRunId = '{parent_run_id}' and params.run_dir = '{cfg.run_dir}' "
+                         "and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise StageError(f"trial {trial}: flow run {flow_run.name} completed but its RL run is not in {c.tracking_uri} "
+                         f"(do the workers use the same MLFLOW_TRACKING_URI?)")
+    run = runs[0]
+    version = c.search_model_versions(f"run_id = '{run.info.run_id}'")[0].version
+    return {"trial": trial, **params, "status": "finished", metric: run.data.metrics.get(metric),
+            "reward/mean": run.data.metrics.get("reward/mean"), "version": str(version),
+            "run_id": run.info.run_id, "run_dir": str(cfg.root), "flow_run": str(flow_run.id)}
+
+
 def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:
     cols = ["rank", "trial", *keys, metric, "reward/mean", "version", "status"]
     widths = [max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in cols]

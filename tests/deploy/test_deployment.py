@@ -184,3 +184,27 @@ def test_kubernetes_pool_accepts_the_gpu_job_template_and_renders_it(ws, prefect
     assert {"name": "runs", "mountPath": "/runs"} in container["volumeMounts"]
     assert container["env"]["HINDSIGHT_DVC_REMOTE"] == "s3://bucket/dvc"
     assert dep.pull_steps[0]["prefect.deployments.steps.set_working_directory"]["directory"] == "/runs"
+
+
+def test_sweep_submits_trials_as_deployment_runs_to_the_pool(ws, prefect_api):
+    work, env, prefect = ws
+    deployed = prefect("--no-prompt", "deploy", "--name", "rl-local")
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    (work / "sweep.yaml").write_text(
+        f"name: sweep-dep\nbase: {ROOT / 'configs/smoke.yaml'}\ndeployment: rl/rl-local\nmax_concurrency: 2\n"
+        "set: {rl.steps: 2, rl.save_every: 2, rl.eval_every: 2, negative_ft.enabled: false}\n"
+        "params:\n  rl.lr: [1.0e-4, 3.0e-4]\n")
+    worker, log = start_worker(work, env, "worker-sweep")
+    try:
+        res = subprocess.run([sys.executable, "-m", "hindsight.cli", "sweep", "-c", "sweep.yaml"], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=900)
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ranked = json.loads((work / "runs/sweep-dep/ranking.json").read_text())
+    assert [r["status"] for r in ranked] == ["finished", "finished"]
+    for r in ranked:  # each trial was a flow run of the rl-local deployment, picked up by the worker
+        assert f"submitting flow run '{r['flow_run']}'" in log.read_text()
+        assert flow_run(prefect_api, r["flow_run"]).state.type.value == "COMPLETED"
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    assert str(client.get_model_version_by_alias("smoke-policy", "best").version) == ranked[0]["version"]
