@@ -55,10 +55,11 @@ def _run_trials(sweep: SweepConfig, trials: list[PipelineConfig], parent: str, s
     task = deployment_trial_task if sweep.deployment else trial_task
     runner = task.with_options(refresh_cache=force, task_run_name="trial-{trial}")
     where = {"deployment": sweep.deployment} if sweep.deployment else {"api_url": prefect_api_url()}
+    store = tracking.store_id(trials[0])  # trials differ in RL keys only, never in the tracking store
     with ThreadPoolTaskRunner(max_workers=sweep.max_concurrency) as pool:
         futures = []
         for i, cfg in enumerate(trials):
-            key = stage_key("trial", {"cfg": cfg.model_dump(), "metric": sweep.metric}, shared, tracking.store_id(cfg))
+            key = stage_key("trial", {"cfg": cfg.model_dump(), "metric": sweep.metric}, shared, store)
             futures.append(pool.submit(runner, parameters={
                 "cfg": cfg, "trial": trial_id(i), "params": params[i], "parent_run_id": parent,
                 "metric": sweep.metric, "cache_key": key, **where}))
