@@ -99,10 +99,18 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
             tracking.log_artifact(cfg, run_id, plot, "plots")
     stops = [a for a in alerts if a.action == "stop"]
     if stops:
+        raise AlertStop(f"stopped by alert at step {done}: {stops[0].message.split(': ', 1)[1]}. "
+                        f"{_checkpoint_for_resume(run, done)}; rerun the same command to resume (change or "
+                        f"remove the rule under rl.alerts first if it would fire again)")
+
+
+def _checkpoint_for_resume(run, done: int) -> str:
+    """Save the state a stop leaves behind, unless the update already broke the weights."""
+    if done and run.weights_finite():
         run.checkpoint(done)
-        raise AlertStop(f"stopped by alert at step {done}: {stops[0].message.split(': ', 1)[1]}. A checkpoint "
-                        f"was saved at step {done}; rerun the same command to resume (change or remove the "
-                        f"rule under rl.alerts first if it would fire again)")
+        return f"A checkpoint was saved at step {done}"
+    return (f"The weights are not finite, so nothing was saved; the newest good checkpoint is at step "
+            f"{run.ckpt.latest_step() or 0}")
 
 
 def _numeric(d: dict) -> dict:

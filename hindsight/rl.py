@@ -289,6 +289,9 @@ class RLRun:
         self.optimizer.load_state_dict(torch.load(work / "out" / "optimizer.pt", weights_only=True))
         return metrics
 
+    def weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.policy.parameters())
+
     def checkpoint(self, done: int) -> None:
         if self.ckpt.latest_step() == done:
             return
