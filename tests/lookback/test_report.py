@@ -7,6 +7,7 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
+import torch
 
 from hindsight.config import PipelineConfig
 from hindsight.data import build_demo_data
@@ -157,3 +158,23 @@ def test_lower_lr_alert_lowers_the_rate_and_it_survives_resume(tiny_run, tmp_pat
     resumed = RLRun(cfg, init, None)
     assert resumed.start_step == 3 and resumed.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
     resumed.close()
+
+
+def test_stop_checkpoints_finite_weights_only(tiny_run, tmp_path):
+    from flows.rl import _checkpoint_for_resume
+
+    rl_dir, _ = tiny_run
+    shutil.copytree(rl_dir.parent, tmp_path / "run")
+    cfg = PipelineConfig.model_validate({
+        "name": "tiny", "run_dir": str(tmp_path / "run"),
+        "data": {"dir": str(rl_dir.parents[1] / "data"), "dvc_file": None,
+                 "prompts": str(rl_dir.parents[1] / "data/prompts.jsonl")},
+        "rl": {"steps": 4, "prompts_per_step": 3, "samples_per_prompt": 4, "reward_isolation": "inline",
+               "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_report:varied_reward"}]}})
+    run = RLRun(cfg, str(rl_dir.parents[1] / "init"), None)
+    assert _checkpoint_for_resume(run, 3) == "A checkpoint was saved at step 3" and run.ckpt.latest_step() == 3
+    with torch.no_grad():
+        next(run.policy.parameters())[0, 0] = float("nan")  # what a NaN loss's update leaves behind
+    msg = _checkpoint_for_resume(run, 4)
+    assert "not finite" in msg and "step 3" in msg and run.ckpt.latest_step() == 3
+    run.close()
