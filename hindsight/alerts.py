@@ -21,6 +21,7 @@ class Alert:
     threshold: float
     action: str
     message: str
+    factor: float = 1.0  # what lower_lr multiplies the learning rate by
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,6 +132,6 @@ class AlertMonitor:
                 continue
             if i not in self._active:
                 msg = f"step {step}: {r.rule}: " + _WHAT[r.rule].format(v=value, t=r.threshold) + f" -> {r.action}"
-                fired.append(Alert(step, r.rule, float(value), r.threshold, r.action, msg))
+                fired.append(Alert(step, r.rule, float(value), r.threshold, r.action, msg, r.factor))
             self._active.add(i)
         return fired

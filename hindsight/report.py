@@ -123,6 +123,21 @@ def render_versions_report(run_name: str, prompts: list[str], answers: dict[str,
                  f"<table class='versions'><tr><th>prompt</th>{head}</tr>{''.join(body)}</table>")
 
 
+def cell(v) -> str:
+    """A value as a table cell: 4 significant digits for floats, '-' for missing."""
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def text_table(header: list[str], rows: list[list], max_width: int = 48) -> str:
+    """Aligned plain-text columns for the terminal and text artifacts (long cells are cut)."""
+    cells = [[cell(v)[:max_width] for v in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
+
+
 def _page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n")

@@ -307,9 +307,8 @@ class RLRun:
         for alert in fired:
             append_line(self.dir / "alerts.jsonl", json.dumps(alert.to_dict()))
             if alert.action == "lower_lr":
-                factor = next(r.factor for r in self.rl.alerts if r.rule == alert.rule)
                 for group in self.optimizer.param_groups:
-                    group["lr"] *= factor
+                    group["lr"] *= alert.factor
         return fired
 
     def _train_groups(self, rows: list[dict], scores: list[dict]) -> tuple[list[dict], list[dict], dict]:

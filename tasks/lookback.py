@@ -12,7 +12,7 @@ from hindsight.errors import ConfigError
 from hindsight.evaluate import judge
 from hindsight.fsutil import atomic_write_bytes
 from hindsight.models import load_causal_lm, load_tokenizer
-from hindsight.report import render_versions_report
+from hindsight.report import render_versions_report, text_table
 from tasks import tracking
 from tasks.stages import eval_rows
 
@@ -67,23 +67,13 @@ def run_dir_of(c: MlflowClient, ref: str) -> Path:
 def compare_runs(c: MlflowClient, ref_a: str, ref_b: str) -> str:
     """Final metrics side by side, then the config keys whose values differ."""
     a, b = find_run(c, ref_a), find_run(c, ref_b)
-    keys = sorted(set(a.data.metrics) | set(b.data.metrics))
-    lines = [_row("metric", a.info.run_name + " " + a.info.run_id[:8], b.info.run_name + " " + b.info.run_id[:8], "delta"),
-             _row("-" * 6, "-" * 10, "-" * 10, "-" * 5)]
-    for k in keys:
+    names = [f"{r.info.run_name} {r.info.run_id[:8]}" for r in (a, b)]
+    rows = []
+    for k in sorted(set(a.data.metrics) | set(b.data.metrics)):
         va, vb = a.data.metrics.get(k), b.data.metrics.get(k)
         delta = f"{vb - va:+.4g}" if va is not None and vb is not None and math.isfinite(vb - va) else ""
-        lines.append(_row(k, _num(va), _num(vb), delta))
+        rows.append([k, va, vb, delta])
     diff = sorted(k for k in set(a.data.params) | set(b.data.params) if a.data.params.get(k) != b.data.params.get(k))
-    lines += ["", f"config differences ({len(diff)}):"]
-    lines += [_row(k, a.data.params.get(k, "-"), b.data.params.get(k, "-"), "") for k in diff] or ["  (none)"]
-    return "\n".join(lines)
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.4g}"
-
-
-def _row(*cols) -> str:
-    widths = (40, 22, 22, 10)
-    return "  ".join(str(c)[: w].ljust(w) for c, w in zip(cols, widths)).rstrip()
+    params = [[k, a.data.params.get(k, "-"), b.data.params.get(k, "-")] for k in diff]
+    return "\n".join([text_table(["metric", *names, "delta"], rows), "", f"config differences ({len(diff)}):",
+                      text_table(["key", *names], params) if params else "  (none)"])

@@ -20,6 +20,7 @@ from hindsight.errors import StageError
 from hindsight.fsutil import atomic_write_bytes
 from hindsight.history import MetricsLog
 from hindsight.plots import curves
+from hindsight.report import text_table
 from tasks import tracking
 from tasks.cache import cache_key_from_inputs
 
@@ -89,15 +90,7 @@ def deployment_trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_
 
 def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:
     cols = ["rank", "trial", *keys, metric, "reward/mean", "version", "status"]
-    widths = [max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in cols]
-    fmt = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(cols), fmt(["-" * w for w in widths])] + [fmt([_cell(r.get(c)) for c in cols]) for r in rows])
-
-
-def _cell(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return text_table(cols, [[r.get(c) for c in cols] for r in rows], max_width=80)
 
 
 def sweep_plots(out_dir: Path, rows: list[dict]) -> list[Path]:

@@ -7,6 +7,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 
 import socket
+from contextlib import contextmanager
 import subprocess
 import sys
 import time
@@ -22,6 +23,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def served(cmd: list[str], health_url: str, home: Path, env: dict | None = None, timeout: float = 120):
+    """Start a server process, wait for its health endpoint, and stop its process group after."""
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + timeout
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(health_url, timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{cmd[2]} server exited: {(home / 'server.log').read_text()[-2000:]}")
+                if time.time() > deadline:
+                    raise RuntimeError(f"{cmd[2]} server did not become healthy in {timeout:.0f} s")
+                time.sleep(0.5)
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        log.close()
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """A real `prefect server start` on loopback for the session; yields its API URL.
@@ -34,30 +64,22 @@ def prefect_api(tmp_path_factory):
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prefect server exited: {(home / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("prefect server did not become healthy in 90 s")
-    yield url
-    os.killpg(proc.pid, 15)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-    log.close()
+    with served([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                f"{url}/health", home, env):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on loopback (sqlite backend, proxied artifacts); yields (url, its folder)."""
+    home = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with served([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                 "--backend-store-uri", f"sqlite:///{home}/mlflow.db", "--artifacts-destination", str(home / "artifacts"),
+                 "--workers", "1"], f"{url}/health", home):
+        yield url, home
 
 
 @pytest.fixture(scope="session")
