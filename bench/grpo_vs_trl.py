@@ -76,7 +76,7 @@ class Kernel:
         self.tok, self.policy = load_tokenizer(init), load_causal_lm(init)
         self.ref = load_causal_lm(init).eval()
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=LR, weight_decay=0.0)
-        self.settings = LearnerSettings(loss=LossSettings(kl_coef=BETA, kl_estimator="k3", agg="seq_mean_token_mean",
+        self.settings = LearnerSettings(loss=LossSettings(kl_coef=BETA, kl_estimator="k3", loss_agg="seq_mean_token_mean",
                                                           max_len=NEW_TOKENS))
 
     def step(self, batch: list[dict], seed: int) -> float:

@@ -26,7 +26,7 @@ def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None 
     data_md5 = ensure_data(cfg)
     check_inputs(cfg, ["rl"])
     init_path, init_version = resolve_model(cfg, cfg.rl.init or sft_uri(cfg), "rl.init")
-    needs_rm = cfg.rl.reward_model_weight > 0 or (cfg.rl.algorithm == "ppo" and cfg.rl.ppo.critic_init == "reward_model")
+    needs_rm = cfg.rl.needs_reward_model()
     rm_path, rm_version = resolve_model(cfg, rm_uri(cfg), "rl (the reward model, NAME-rm)") if needs_rm else (None, None)
     key = stage_key("rl", {"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(), "seed": cfg.seed,
                            "data": cfg.data.model_dump(), "eval": cfg.eval.model_dump(), "name": cfg.name,

@@ -10,9 +10,10 @@ import re
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
+from hindsight.algorithms import ALGORITHMS, get_algorithm
 from hindsight.errors import ConfigError
 
 
@@ -103,15 +104,6 @@ class KLConfig(Strict):
         "loss", alias="in", description="loss: a KL term in the policy loss; reward: a penalty folded into the reward")
 
 
-class PPOConfig(Strict):
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
-    value_clip: float = Field(0.2, gt=0)
-    critic_lr: float = Field(1e-4, gt=0)
-    critic_init: Literal["reward_model", "policy"] = Field(
-        "policy", description="reward_model: start from NAME-rm; policy: the policy's weights with a fresh value head")
-
-
 class DynamicSamplingConfig(Strict):
     enabled: bool = False
     oversample: float = Field(1.5, ge=1.0, description="sample this many times prompts_per_step groups; "
@@ -153,21 +145,23 @@ def default_alerts() -> list[AlertRule]:
 
 
 class RLConfig(Strict):
+    """The RL stage. Each registered algorithm's settings sit under `rl.<its name>` (for example
+    `rl.ppo.lam`), validated by the algorithm's own model (`hindsight.algorithms`)."""
+    model_config = ConfigDict(extra="allow", validate_assignment=True)  # `allow` only for those blocks: see _blocks
+
     init: str | None = Field(None, description="policy to start from; default models:/X-sft@latest")
-    algorithm: Literal["grpo", "reinforce_pp", "rloo", "ppo"] = "grpo"
+    algorithm: str = Field("grpo", description="a registered algorithm: grpo, rloo, reinforce_pp, ppo, ...")
     steps: int = Field(40, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     samples_per_prompt: int = Field(8, ge=1, description="group size; grpo and rloo need at least 2")
     lr: float = Field(1e-4, gt=0)
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
     num_iterations: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
     kl: KLConfig = Field(default_factory=KLConfig)
-    ppo: PPOConfig = Field(default_factory=PPOConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -184,19 +178,70 @@ class RLConfig(Strict):
     report_every: int = Field(10, ge=1, description="write an HTML rollout report every N steps (and at the end)")
     report_groups: int = Field(4, ge=1, description="prompt groups shown in each report")
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _blocks(cls, data, handler):
+        """Validate the algorithm blocks with their own models, and refuse any other unknown key,
+        keeping every error's location (rl.ppo.lam) for the message."""
+        if not isinstance(data, dict):
+            return handler(data)
+        known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        errors, blocks = [], {}
+        for key, value in data.items():
+            if key in known:
+                continue
+            if key not in ALGORITHMS:
+                errors.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=value))
+                continue
+            try:
+                blocks[key] = ALGORITHMS[key].Settings.model_validate(value or {})
+            except ValidationError as exc:
+                errors += [_relocated(err, key) for err in exc.errors()]
+        try:
+            model = handler({k: v for k, v in data.items() if k in known})
+        except ValidationError as exc:
+            errors = [_relocated(err) for err in exc.errors()] + errors
+            model = None
+        if model is not None:
+            errors += _group_size_errors(model)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        blocks.setdefault(model.algorithm, get_algorithm(model.algorithm).Settings())  # shown in MLflow params
+        model.__pydantic_extra__.update(blocks)
+        return model
+
+    @field_validator("algorithm")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        get_algorithm(name)  # ValueError naming the registered ones
+        return name
+
     @model_validator(mode="after")
     def _consistent(self):
         if not self.rewards and self.reward_model_weight == 0:
             raise ValueError("rl needs at least one reward function or reward_model_weight > 0")
         return self
 
-    @field_validator("samples_per_prompt")
-    @classmethod
-    def _group_size(cls, value: int, info: ValidationInfo) -> int:
-        algorithm = info.data.get("algorithm", "grpo")
-        if algorithm in ("grpo", "rloo") and value < 2:
-            raise ValueError(f"{algorithm} compares completions within a group, so it needs at least 2 (got {value})")
-        return value
+    def algorithm_settings(self):
+        """The chosen algorithm's block (`rl.<algorithm>`), with its defaults when absent."""
+        return self.__pydantic_extra__[self.algorithm]
+
+    def needs_reward_model(self) -> bool:
+        """The reward model is read for the reward, or to start a critic from."""
+        return self.reward_model_weight > 0 or getattr(self.algorithm_settings(), "critic_init", None) == "reward_model"
+
+
+def _group_size_errors(rl: RLConfig) -> list[InitErrorDetails]:
+    algo, size = get_algorithm(rl.algorithm), rl.samples_per_prompt
+    if size >= algo.min_group_size:
+        return []
+    why = f"{rl.algorithm} {algo.group_size_reason or 'needs larger groups'}, so it needs at least {algo.min_group_size}"
+    return [InitErrorDetails(type="value_error", loc=("samples_per_prompt",), input=size,
+                             ctx={"error": ValueError(f"{why} (got {size})")})]
+
+
+def _relocated(err: dict, *prefix) -> InitErrorDetails:
+    return InitErrorDetails(type=err["type"], loc=(*prefix, *err["loc"]), input=err.get("input"), ctx=err.get("ctx", {}))
 
 
 class NegativeFTConfig(Strict):
@@ -253,9 +298,9 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _batches_divide(self):
         n = self.resources.num_processes
-        if n > 1 and self.rl.algorithm == "ppo":
-            raise ValueError("resources.num_processes > 1 does not support rl.algorithm ppo yet (its critic "
-                             "trains in one process); use grpo, rloo or reinforce_pp, or num_processes: 1")
+        if n > 1 and get_algorithm(self.rl.algorithm).needs_critic:
+            raise ValueError(f"resources.num_processes > 1 does not support rl.algorithm {self.rl.algorithm} yet (its "
+                             f"critic trains in one process); use a critic-free algorithm, or num_processes: 1")
         for key, batch in (("sft.batch_size", self.sft.batch_size), ("reward_model.batch_size", self.reward_model.batch_size)):
             if batch % n:
                 raise ValueError(f"{key} {batch} does not divide over resources.num_processes {n}")

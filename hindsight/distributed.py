@@ -88,8 +88,7 @@ def share_scale(exp, index: list[int], agg: str, world: int) -> float:
     return world * local / max(total, 1.0)
 
 
-def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, settings: dict, lr: float, dtype: str,
-              out_dir: str) -> dict:
+def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, dtype: str, out_dir: str) -> dict:
     """One RL update, run in every process of an `accelerate launch`: each takes its share of the
     batch (advantages already computed on the whole), DDP sums the gradients, rank 0 saves."""
     import torch
@@ -97,17 +96,19 @@ def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, settings: d
     from torch.nn.parallel import DistributedDataParallel
 
     from hindsight.experience import Experience
-    from hindsight.learner import settings_from_dict, update
+    from hindsight.config import RLConfig
+    from hindsight.learner import learner_settings, update
     from hindsight.models import load_causal_lm
 
     state = PartialState(cpu=not torch.cuda.is_available())
-    s = settings_from_dict(settings)
+    rl_cfg = RLConfig.model_validate(rl)
+    s = learner_settings(rl_cfg)
     model = load_causal_lm(policy_dir, dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=rl_cfg.lr, weight_decay=0.0)
     optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
     exp = Experience(**torch.load(batch_file, weights_only=True))
     index = share(exp.meta["groups"], state.process_index, state.num_processes)
-    scale = share_scale(exp, index, s.loss.agg, state.num_processes)
+    scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes)
     ddp = DistributedDataParallel(model, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
     metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
     state.wait_for_everyone()

@@ -1,39 +1,58 @@
 """One policy update over a batch of rollouts.
 
 Every algorithm is an advantage estimator plugged into the same clipped policy-gradient
-kernel: advantages first, then `num_iterations` passes of the loss against the behaviour
-log-probs stored in the rollout. PPO also trains its critic on the same batch.
+kernel (`hindsight.algorithms` holds the estimators): advantages first, then `num_iterations` passes of the loss against the behaviour
+log-probs stored in the rollout. An algorithm with a critic
+(PPO) also trains it on the same batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from hindsight.algorithms import advantages as adv
+from hindsight.algorithms import get_algorithm
+from hindsight.algorithms.base import AdvantageInputs, AlgorithmSettings
 from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss, value_loss
 from hindsight.critic import token_values
 from hindsight.experience import Experience
 from hindsight.logprobs import model_device, token_logprobs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LearnerSettings:
     algorithm: str = "grpo"
+    params: AlgorithmSettings | None = None   # the algorithm's own block (rl.<name>); None: its defaults
     num_iterations: int = 1
     max_grad_norm: float = 1.0
     temperature: float = 1.0
-    scale_rewards: str = "group"
     loss: LossSettings = LossSettings()
-    reward_kl_coef: float = 0.0          # > 0 when `kl.in: reward`
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_clip: float = 0.2
+    reward_kl_coef: float = 0.0               # > 0 when `kl.in: reward`
+
+    @property
+    def estimator(self):
+        return get_algorithm(self.algorithm)
+
+    @property
+    def algorithm_settings(self) -> AlgorithmSettings:
+        return self.params if self.params is not None else self.estimator.Settings()
 
 
-def settings_from_dict(d: dict) -> LearnerSettings:
-    """Inverse of dataclasses.asdict, for settings sent to launched processes."""
-    return LearnerSettings(**{**d, "loss": LossSettings(**d["loss"])})
+def learner_settings(rl) -> LearnerSettings:
+    """The learner's view of a validated `RLConfig`; the one place settings are built.
+
+    Fields named like the config's are taken from it by name; only the derived ones are spelt
+    out, so a new config field cannot be copied into the wrong slot.
+    """
+    in_loss = rl.kl.placement == "loss"
+    loss = _by_name(LossSettings, rl, kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
+                    max_len=rl.rollout.max_new_tokens)
+    return _by_name(LearnerSettings, rl, params=rl.algorithm_settings(), temperature=rl.rollout.temperature,
+                    loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef)
+
+
+def _by_name(cls, source, **derived):
+    return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if f.name not in derived}, **derived)
 
 
 def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
@@ -44,20 +63,10 @@ def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
 
 
 def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor | None = None):
-    """Returns (advantages (B,) or (B, T), returns (B, T) for PPO's critic else None)."""
-    mask, kl, coef = exp.completion_mask, reward_kl(exp, s), s.reward_kl_coef
-    if s.algorithm in ("grpo", "rloo"):
-        rewards = adv.sequence_kl_penalty(exp.rewards, kl, mask, coef) if kl is not None else exp.rewards
-        if s.algorithm == "grpo":
-            return adv.grpo_advantages(rewards, exp.group_size, s.scale_rewards), None
-        return adv.rloo_advantages(rewards, exp.group_size), None
-    if s.algorithm == "reinforce_pp":
-        return adv.reinforce_pp_advantages(exp.rewards, mask, kl, coef, s.gamma), None
-    if s.algorithm == "ppo":
-        token_r = adv.token_rewards(exp.rewards, mask, kl, coef)                 # (B, T)
-        advantages, returns = adv.gae(token_r, values, mask, s.gamma, s.lam)     # (B, T) each
-        return adv.masked_whiten(advantages, mask), returns
-    raise ValueError(f"unknown algorithm: {s.algorithm}")
+    """Returns (advantages (B,) or (B, T), returns (B, T) for a critic's targets else None)."""
+    x = AdvantageInputs(rewards=exp.rewards, mask=exp.completion_mask, group_size=exp.group_size,
+                        kl=reward_kl(exp, s), kl_coef=s.reward_kl_coef, values=values)
+    return s.estimator.advantages(x, s.algorithm_settings)
 
 
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
@@ -71,7 +80,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
     src, exp = exp, exp.to(model_device(model))
     mask = exp.completion_mask                                                   # (B, T)
     old_values, returns = None, None
-    if s.algorithm == "ppo":
+    if s.estimator.needs_critic:
         with torch.no_grad():
             old_values = token_values(critic, exp.input_ids, exp.attention_mask, mask.size(1))  # (B, T)
     if exp.advantages is None:
@@ -105,7 +114,7 @@ def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, loss_sca
 def _critic_step(critic, optimizer, exp: Experience, old_values, returns, s: LearnerSettings) -> dict:
     critic.train()
     values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1))  # (B, T)
-    loss, clipped = value_loss(values, old_values, returns, exp.completion_mask, s.value_clip)
+    loss, clipped = value_loss(values, old_values, returns, exp.completion_mask, s.algorithm_settings.value_clip)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)

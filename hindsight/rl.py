@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from hindsight.alerts import Alert, AlertMonitor
-from hindsight.algorithms.losses import LossSettings
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
 from hindsight.errors import CheckpointError
@@ -25,7 +24,7 @@ from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
 from hindsight.fsutil import append_line
 from hindsight.history import MetricsLog
-from hindsight.learner import LearnerSettings, update
+from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
 from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
@@ -34,17 +33,6 @@ from hindsight.rollout.hf import generate
 from hindsight.scoring import load_reward_fn, score_completions
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
-
-
-def learner_settings(rl) -> LearnerSettings:
-    in_loss = rl.kl.placement == "loss"
-    return LearnerSettings(
-        algorithm=rl.algorithm, num_iterations=rl.num_iterations, max_grad_norm=rl.max_grad_norm,
-        temperature=rl.rollout.temperature, scale_rewards=rl.scale_rewards,
-        loss=LossSettings(rl.clip_eps_low, rl.clip_eps_high, rl.kl.coef if in_loss else 0.0, rl.kl.estimator,
-                          rl.loss_agg, rl.rollout.max_new_tokens, rl.entropy_coef),
-        reward_kl_coef=0.0 if in_loss else rl.kl.coef,
-        gamma=rl.ppo.gamma, lam=rl.ppo.lam, value_clip=rl.ppo.value_clip)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -111,19 +99,20 @@ class RLRun:
         if start:
             self.ckpt.load_optimizer(start, self.optimizer)
         self.start_step = start or 0
+        self.settings = learner_settings(self.rl)
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
-        self.settings = learner_settings(self.rl)
         self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
 
     def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
-        """PPO's value model: from the checkpoint on resume, else the reward model or the policy."""
-        if self.rl.algorithm != "ppo":
+        """The value model of an algorithm with a critic (PPO): from the checkpoint on resume,
+        else the reward model or the policy."""
+        if not self.settings.estimator.needs_critic:
             return None, None
-        p = self.rl.ppo
+        p = self.settings.algorithm_settings
         source = str(self.ckpt.critic_dir(start)) if start else (rm_path if p.critic_init == "reward_model" else init_path)
         torch.manual_seed(self.cfg.seed)  # a fresh value head starts the same way every run
         critic = load_reward_model(source, self.cfg.model.dtype)
@@ -268,8 +257,6 @@ class RLRun:
         """The update under `accelerate launch` (resources.num_processes): the batch's advantages are
         computed here on the whole batch, each process trains on its share, and the new weights and
         optimizer state come back through files (`rl/launch/`)."""
-        from dataclasses import asdict
-
         from hindsight.distributed import run_trainer
         from hindsight.learner import compute_advantages
 
@@ -282,7 +269,7 @@ class RLRun:
         res = self.cfg.resources
         metrics = run_trainer("rl-update", dict(
             policy_dir=str(work / "policy"), optimizer_file=str(work / "optimizer.pt"), batch_file=str(work / "batch.pt"),
-            settings=asdict(self.settings), lr=self.rl.lr, dtype=self.cfg.model.dtype, out_dir=str(work / "out")),
+            rl=self.rl.model_dump(by_alias=True), dtype=self.cfg.model.dtype, out_dir=str(work / "out")),
             res.num_processes, res.accelerate_config, workdir=work)
         self.policy = load_causal_lm(str(work / "out"), self.cfg.model.dtype)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)

@@ -53,13 +53,14 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: i
     raise ValueError(f"unknown loss aggregation: {mode}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LossSettings:
-    eps_low: float = 0.2
-    eps_high: float = 0.2
+    """Named like `RLConfig`'s fields, so `learner.learner_settings` fills them by name."""
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
-    agg: str = "seq_mean_token_mean"
+    loss_agg: str = "seq_mean_token_mean"
     max_len: int | None = None
     entropy_coef: float = 0.0
 
@@ -71,17 +72,17 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, ent
 
     Returns the scalar loss and detached statistics for logging.
     """
-    per_token, ratio = clipped_surrogate(logp, old_logp, advantages, s.eps_low, s.eps_high)  # (B, T)
+    per_token, ratio = clipped_surrogate(logp, old_logp, advantages, s.clip_eps_low, s.clip_eps_high)  # (B, T)
     kl = kl_estimate(logp, ref_logp, s.kl_estimator) if ref_logp is not None else torch.zeros_like(logp)
     if s.kl_coef:
         per_token = per_token + s.kl_coef * kl
     if s.entropy_coef and entropy is not None:
         per_token = per_token - s.entropy_coef * entropy
-    loss = aggregate(per_token, mask, s.agg, s.max_len)
+    loss = aggregate(per_token, mask, s.loss_agg, s.max_len)
     m = mask.to(logp.dtype)
     logp, kl, ratio = logp.detach(), kl.detach(), ratio.detach()  # statistics only, no graph
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    clipped = ((ratio < 1 - s.eps_low) & (adv < 0)) | ((ratio > 1 + s.eps_high) & (adv > 0))  # (B, T)
+    clipped = ((ratio < 1 - s.clip_eps_low) & (adv < 0)) | ((ratio > 1 + s.clip_eps_high) & (adv > 0))  # (B, T)
     n = m.sum().clamp(min=1.0)
     stats = {
         "kl": float((kl * m).sum() / n),

@@ -47,7 +47,7 @@ def test_aggregations_hand_computed():
 def test_clipping_hand_computed():
     logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5 against old logp 0
     old = torch.zeros(1, 2)
-    s = LossSettings(eps_low=0.2, eps_high=0.28, kl_coef=0.0, agg="token_mean")
+    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, loss_agg="token_mean")
     loss_pos, st = policy_loss(logp, old, None, torch.tensor([1.0]), torch.ones(1, 2), s)
     # A>0: min(1.5, 1.28) and min(0.5, 0.8) -> -(1.28 + 0.5)/2
     assert loss_pos.item() == pytest.approx(-(1.28 + 0.5) / 2, abs=1e-6)
@@ -102,7 +102,7 @@ def test_loss_and_gradients_match_trl(ours, theirs, beta):
     adv = grpo_advantages(rewards, group_size=3)
 
     lp_ours = base.clone().requires_grad_(True)
-    s = LossSettings(eps_low=0.2, eps_high=0.28, kl_coef=beta, kl_estimator="k3", agg=ours, max_len=T)
+    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=beta, kl_estimator="k3", loss_agg=ours, max_len=T)
     loss_ours, _ = policy_loss(lp_ours, old, ref, adv, mask, s)
     loss_ours.backward()
 

@@ -38,7 +38,7 @@ def _train(run, steps):
 
 
 @pytest.mark.parametrize("algorithm,extra", [
-    ("grpo", {"scale_rewards": "batch"}),
+    ("grpo", {"grpo": {"scale_rewards": "batch"}}),
     ("rloo", {"kl": {"in": "reward", "coef": 0.1, "estimator": "k1"}}),
     ("reinforce_pp", {"kl": {"in": "reward", "coef": 0.1}, "samples_per_prompt": 1}),
     ("ppo", {"entropy_coef": 0.01, "ppo": {"critic_lr": 1e-3}}),
