@@ -1,10 +1,11 @@
-# The README's two commands: `make demo` and `make test`.
+# The README's commands: `make demo`, `make test` (everything, as CI runs it) and
+# `make test-fast` (the unit tier, for the edit loop; no install step, no servers).
 PY ?= python3
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export DO_NOT_TRACK = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install demo test
+.PHONY: install demo test test-fast lint
 
 install:
 	$(PY) -m pip install -q torch==2.13.0
@@ -13,5 +14,11 @@ install:
 demo: install
 	hindsight run pipeline -c configs/demo.yaml
 
-test: install
+lint:
+	$(PY) -m ruff check .
+
+test: install lint
 	$(PY) -m pytest -q
+
+test-fast:
+	$(PY) -m pytest -q -m "not integration"

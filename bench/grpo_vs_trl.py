@@ -163,7 +163,8 @@ def main() -> None:
           f"{flow['steady_step_s']:.3f}s, kernel {kernel_step:.3f}s, overhead "
           f"{(flow['steady_step_s'] / kernel_step - 1) * 100:.1f}%")
     print(f"overhead end to end (incl. Prefect start, MLflow runs, eval, checkpoint, registry): flow "
-          f"{flow['seconds']:.1f}s, kernel {kernel['seconds']:.1f}s, overhead {(flow['seconds'] / kernel['seconds'] - 1) * 100:.1f}%")
+          f"{flow['seconds']:.1f}s, kernel {kernel['seconds']:.1f}s, "
+          f"overhead {(flow['seconds'] / kernel['seconds'] - 1) * 100:.1f}%")
     print(f"ratio hindsight/trl samples_per_s: {med['hindsight'] / med['trl']:.2f}")
 
 

@@ -1,14 +1,30 @@
-"""What every stage flow does first: make sure the data is there and at its pinned version."""
+"""What every stage flow does: data at its pinned version, a preflight of what the stage
+declares it reads, its input models from the registry, then the cached, retried stage task."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from hindsight.config import PipelineConfig
 from hindsight.data import DEMO_FILES, build_demo_data, dvc_dir_md5, pinned_md5
 from hindsight.errors import DataError, HindsightError, StageError
+from hindsight.stage import StageResult, StageSpec, preflight
+from tasks.cache import declared_key
+from tasks.stages import stage_task
+from tasks.tracking import resolve_model
 
 log = logging.getLogger("hindsight")
+
+
+def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_id: str | None) -> StageResult:
+    data_md5 = ensure_data(cfg)
+    preflight(spec, cfg)
+    paths, versions = {}, {}
+    for role, uri in spec.models(cfg).items():
+        paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)
+    key = declared_key(spec, cfg, versions, data_md5)
+    return run_stage(spec, cfg, force)(spec, cfg, paths, data_md5, key, parent_run_id)
 
 
 def ensure_data(cfg: PipelineConfig) -> str:
@@ -31,33 +47,28 @@ def ensure_data(cfg: PipelineConfig) -> str:
     return dvc_dir_md5(data_dir) if data_dir.is_dir() else "external"
 
 
-def sft_uri(cfg: PipelineConfig) -> str:
-    return f"models:/{cfg.name}-sft@latest"
-
-
-def rm_uri(cfg: PipelineConfig) -> str:
-    return f"models:/{cfg.name}-rm@latest"
-
-
-def run_stage(stage: str, task_fn, cfg: PipelineConfig, force: bool):
+def run_stage(spec: StageSpec, cfg: PipelineConfig, force: bool):
     """The stage task with the config's retry policy, and `force` as a cache refresh.
 
     Only unexpected failures are retried: a `HindsightError` is bad input, and would fail
     the same way again. Once retries are spent, the error names the stage and its cause.
+    `cached` comes from Prefect's own state, not from timing.
     """
-    task = task_fn.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
-                                refresh_cache=force, retry_condition_fn=_transient)
+    task = stage_task.with_options(name=f"{spec.name}-stage", retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
+                                   refresh_cache=force, retry_condition_fn=_transient)
 
-    def call(*args):
+    def call(*args) -> StageResult:
+        state = task(*args, return_state=True)
         try:
-            return task(*args)
+            result = state.result()
         except HindsightError as exc:
-            raise type(exc)(f"stage {stage}: {exc}") from exc
+            raise type(exc)(f"stage {spec.name}: {exc}") from exc
         except Exception as exc:
             raise StageError(
-                f"stage {stage} failed after {cfg.retries.count + 1} attempt(s): {type(exc).__name__}: {exc}. "
+                f"stage {spec.name} failed after {cfg.retries.count + 1} attempt(s): {type(exc).__name__}: {exc}. "
                 f"Its state under {cfg.root} is kept; rerun the same command to resume (--debug for the traceback)"
             ) from exc
+        return replace(result, cached=state.name == "Cached")
 
     return call
 

@@ -1,24 +1,43 @@
-"""Negative-sample stage: unlikelihood on the RL run's lowest-reward stored completions, register X-negft."""
+"""Negative-sample stage: unlikelihood on the RL run's lowest-reward stored completions, register NAME-negft."""
 from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import ensure_data, run_stage
+from flows.common import run_declared
 from hindsight.config import PipelineConfig
+from hindsight.errors import DataError
+from hindsight.models import load_causal_lm, load_tokenizer
+from hindsight.negative import negative_finetune, split_by_reward
+from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from hindsight.store import RolloutStore
-from tasks import tracking
-from tasks.cache import stage_key
-from tasks.stages import negative_ft_task
-from tasks.tracking import resolve_model
+from tasks.stages import evaluate_model
+
+
+def negative_ft_story(ctx: StageContext) -> StageOutput:
+    cfg, n = ctx.cfg, ctx.cfg.negative_ft
+    negatives, positives = split_by_reward(RolloutStore(cfg.root / "rl"), n.quantile)
+    if not negatives:
+        raise DataError(f"{cfg.root / 'rl'}: no stored low-reward completions to learn from (run the rl stage first)")
+    model, tok = load_causal_lm(ctx.inputs["negative_ft.init"], cfg.model.dtype), load_tokenizer(ctx.inputs["negative_ft.init"])
+    before = evaluate_model(cfg, model, tok)
+    metrics = negative_finetune(model, tok.pad_token_id, negatives, positives, n.lr, n.steps, n.batch_size,
+                                n.positive_weight, cfg.seed, log=ctx.log)
+    metrics.update({"eval/accuracy_before": before, "eval/accuracy": evaluate_model(cfg, model, tok)})
+    ctx.log(metrics, n.steps)
+    out_dir = cfg.root / "negative_ft" / "model"
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    return StageOutput(model_dir=out_dir, eval_accuracy=metrics["eval/accuracy"])
+
+
+NEGATIVE_FT = StageSpec(
+    name="negative-ft", sections=("negative_ft", "model", "data", "eval", "seed", "name", "run_dir"),
+    models=lambda cfg: {"negative_ft.init": cfg.negative_ft.init or model_uri(cfg, "policy")},
+    data=("eval",), rewards=lambda cfg: [cfg.eval.reward],
+    state=lambda cfg: RolloutStore(cfg.root / "rl").steps("scores"),
+    registers="negft", story=negative_ft_story)
 
 
 @flow(name="negative-ft", log_prints=True)
-def negative_ft_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> dict:
-    data_md5 = ensure_data(cfg)
-    init_path, init_version = resolve_model(cfg, cfg.negative_ft.init or f"models:/{cfg.name}-policy@latest",
-                                            "negative_ft.init")
-    store = RolloutStore(cfg.root / "rl")
-    key = stage_key("negative-ft", {"negative_ft": cfg.negative_ft.model_dump(), "seed": cfg.seed,
-                                    "eval": cfg.eval.model_dump(), "name": cfg.name, "run_dir": str(cfg.root)},
-                    {"init": init_version, "data_md5": data_md5, "shards": store.steps("scores")}, tracking.store_id(cfg))
-    return run_stage("negative-ft", negative_ft_task, cfg, force)(cfg, init_path, data_md5, key, parent_run_id)
+def negative_ft_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
+    return run_declared(NEGATIVE_FT, cfg, force, parent_run_id)

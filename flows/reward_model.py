@@ -1,23 +1,30 @@
-"""Reward-model stage: pairwise training on preference pairs, register X-rm."""
+"""Reward-model stage: pairwise training on preference pairs from NAME-sft, register NAME-rm."""
 from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import ensure_data, run_stage, sft_uri
+from flows.common import run_declared
 from hindsight.config import PipelineConfig
-from hindsight.preflight import check_inputs
-from tasks import tracking
-from tasks.cache import stage_key
-from tasks.stages import reward_model_task
-from tasks.tracking import resolve_model
+from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
+from tasks.stages import train
+
+
+def reward_model_story(ctx: StageContext) -> StageOutput:
+    cfg, r = ctx.cfg, ctx.cfg.reward_model
+    out_dir = cfg.root / "reward_model" / "model"
+    metrics = train(ctx, "reward-model", model_path=ctx.inputs["reward_model.base"], data_path=cfg.data.prefs, out_dir=out_dir,
+                    lr=r.lr, epochs=r.epochs, batch_size=r.batch_size, max_length=r.max_length, seed=cfg.seed,
+                    max_steps=r.max_steps, columns=cfg.data.columns or None)
+    ctx.log(metrics, 0)
+    return StageOutput(model_dir=out_dir)
+
+
+REWARD_MODEL = StageSpec(
+    name="reward-model", sections=("reward_model", "data", "seed", "name"),
+    models=lambda cfg: {"reward_model.base": cfg.reward_model.base or model_uri(cfg, "sft")},
+    data=("prefs",), registers="rm", story=reward_model_story)
 
 
 @flow(name="reward-model", log_prints=True)
-def reward_model_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> dict:
-    data_md5 = ensure_data(cfg)
-    check_inputs(cfg, ["reward-model"])
-    base_path, base_version = resolve_model(cfg, cfg.reward_model.base or sft_uri(cfg), "reward_model.base")
-    key = stage_key("reward-model", {"rm": cfg.reward_model.model_dump(), "seed": cfg.seed,
-                                     "data": cfg.data.model_dump(), "name": cfg.name},
-                    {"base": base_version, "data_md5": data_md5}, tracking.store_id(cfg))
-    return run_stage("reward-model", reward_model_task, cfg, force)(cfg, base_path, data_md5, key, parent_run_id)
+def reward_model_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
+    return run_declared(REWARD_MODEL, cfg, force, parent_run_id)

@@ -5,60 +5,47 @@ and resumes from its newest checkpoint, training on stored rollouts before sampl
 """
 from __future__ import annotations
 
-import time
+from prefect import flow
 
-from prefect import flow, task
-
-from flows.common import ensure_data, rm_uri, run_stage, sft_uri
+from flows.common import run_declared
 from hindsight.config import PipelineConfig
 from hindsight.errors import AlertStop
 from hindsight.progress import StepProgress
-from hindsight.preflight import check_inputs
+from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from tasks import tracking
-from tasks.cache import cache_key_from_inputs, stage_key
 from tasks.lookback import compare_versions
 from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, rollout_task, score_task, update_task
-from tasks.tracking import resolve_model
 
 
-@flow(name="rl", log_prints=True)
-def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> dict:
-    data_md5 = ensure_data(cfg)
-    check_inputs(cfg, ["rl"])
-    init_path, init_version = resolve_model(cfg, cfg.rl.init or sft_uri(cfg), "rl.init")
-    needs_rm = cfg.rl.needs_reward_model()
-    rm_path, rm_version = resolve_model(cfg, rm_uri(cfg), "rl (the reward model, NAME-rm)") if needs_rm else (None, None)
-    key = stage_key("rl", {"rl": cfg.rl.model_dump(), "model": cfg.model.model_dump(), "seed": cfg.seed,
-                           "data": cfg.data.model_dump(), "eval": cfg.eval.model_dump(), "name": cfg.name,
-                           "run_dir": str(cfg.root)},
-                    {"init": init_version, "rm": rm_version, "data_md5": data_md5}, tracking.store_id(cfg))
-    return run_stage("rl", rl_task, cfg, force)(cfg, init_path, rm_path, data_md5, key, parent_run_id)
-
-
-@task(name="rl-stage", cache_key_fn=cache_key_from_inputs, persist_result=True)
-def rl_task(cfg: PipelineConfig, init_path: str, rm_path: str | None, data_md5: str, cache_key: str,
-            parent_run_id: str | None) -> dict:
-    t0 = time.perf_counter()
-    with tracking.stage_run(cfg, "rl", parent_run_id, {"hindsight.cache_key": cache_key}) as run_id:
-        tracking.log_context(cfg, run_id, data_md5)
-        key = open_run(cfg, init_path, rm_path)
-        try:
-            return _train(cfg, key, run_id, t0)
-        finally:
-            close_run(key)
-
-
-def _train(cfg: PipelineConfig, key: str, run_id: str, t0: float) -> dict:
-    """The stage's story: evaluate, then rollout -> score -> update per step while watching
-    the metrics (alerts, reports, plots), evaluate, register, and compare with earlier versions."""
-    run = get_run(key)
-    tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
-    if run.start_step:
-        tracking.set_tags(cfg, run_id, {"hindsight.resumed_from_step": run.start_step})
-    _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
-    progress = StepProgress("rl", cfg.rl.steps, run.start_step)
+def rl_story(ctx: StageContext) -> StageOutput:
+    """Evaluate, then rollout -> score -> update per step while watching the metrics (alerts,
+    reports, plots), and once the policy is registered, compare it with earlier versions."""
+    cfg, run_id = ctx.cfg, ctx.run_id
+    key = open_run(cfg, ctx.inputs["rl.init"], ctx.inputs["reward_model"])
     try:
-        for step in range(run.start_step, cfg.rl.steps):
+        run = get_run(key)
+        tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
+        if run.start_step:
+            tracking.set_tags(cfg, run_id, {"hindsight.resumed_from_step": run.start_step})
+        _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
+        _steps(cfg, key, run_id, run.start_step)
+        final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
+        policy_dir, init_path = run.ckpt.policy_dir(cfg.rl.steps), run.init_path
+    finally:
+        close_run(key)
+
+    def compare(run_id: str) -> None:
+        if cfg.eval.compare_versions:
+            report = compare_versions(cfg, init_path, cfg.rl.init or model_uri(cfg, "sft"))
+            tracking.log_artifact(cfg, run_id, report, "reports")
+
+    return StageOutput(model_dir=policy_dir, eval_accuracy=final_acc, then=compare)
+
+
+def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
+    progress = StepProgress("rl", cfg.rl.steps, start)
+    try:
+        for step in range(start, cfg.rl.steps):
             done = step + 1
             rollout = rollout_task(key, step)
             metrics = {**_numeric(rollout), **_numeric(score_task(key, step)), **update_task(key, step)}
@@ -70,13 +57,26 @@ def _train(cfg: PipelineConfig, key: str, run_id: str, t0: float) -> dict:
             _watch(cfg, key, run_id, done, metrics)
     finally:
         progress.close()
-    final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
-    version = tracking.register(cfg, run_id, run.ckpt.policy_dir(cfg.rl.steps), f"{cfg.name}-policy")
-    if cfg.eval.compare_versions:
-        tracking.log_artifact(cfg, run_id, compare_versions(cfg, run.init_path, cfg.rl.init or sft_uri(cfg)), "reports")
-    tracking.end_run(cfg, run_id)
-    return {"stage": "rl", "model": f"{cfg.name}-policy", "version": version, "run_id": run_id,
-            "eval/accuracy": final_acc, "wall_s": time.perf_counter() - t0}
+
+
+def _check_backend(cfg: PipelineConfig) -> None:
+    if cfg.rl.rollout.backend == "vllm":
+        from hindsight.rollout.vllm import require_vllm
+
+        require_vllm()
+
+
+RL = StageSpec(
+    name="rl", sections=("rl", "model", "data", "eval", "seed", "name", "run_dir"),
+    models=lambda cfg: {"rl.init": cfg.rl.init or model_uri(cfg, "sft"),
+                        "reward_model": model_uri(cfg, "rm") if cfg.rl.needs_reward_model() else None},
+    data=("prompts", "eval"), rewards=lambda cfg: [r.fn for r in cfg.rl.rewards] + [cfg.eval.reward],
+    checks=_check_backend, registers="policy", story=rl_story)
+
+
+@flow(name="rl", log_prints=True)
+def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
+    return run_declared(RL, cfg, force, parent_run_id)
 
 
 def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict) -> None:

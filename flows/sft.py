@@ -1,23 +1,32 @@
-"""SFT stage: fine-tune the base model on demonstrations, evaluate, register X-sft."""
+"""SFT stage: fine-tune the base model on demonstrations, evaluate, register NAME-sft."""
 from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import ensure_data, run_stage
+from flows.common import run_declared
 from hindsight.config import PipelineConfig
-from hindsight.preflight import check_inputs
-from tasks import tracking
-from tasks.cache import stage_key
-from tasks.stages import sft_task
-from tasks.tracking import resolve_model
+from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec
+from tasks.stages import evaluate_path, train
+
+
+def sft_story(ctx: StageContext) -> StageOutput:
+    cfg, s = ctx.cfg, ctx.cfg.sft
+    out_dir = cfg.root / "sft" / "model"
+    metrics = train(ctx, "sft", model_path=ctx.inputs["model.base"], data_path=cfg.data.sft, out_dir=out_dir, lr=s.lr,
+                    epochs=s.epochs, batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
+                    max_steps=s.max_steps, columns=cfg.data.columns or None)
+    metrics["eval/accuracy"] = evaluate_path(cfg, str(out_dir))
+    ctx.log(metrics, 0)
+    return StageOutput(model_dir=out_dir, eval_accuracy=metrics["eval/accuracy"])
+
+
+SFT = StageSpec(
+    name="sft", sections=("sft", "model", "data", "eval", "seed", "name"),
+    models=lambda cfg: {"model.base": cfg.model.base},
+    data=("sft", "eval"), rewards=lambda cfg: [cfg.eval.reward],
+    registers="sft", story=sft_story)
 
 
 @flow(name="sft", log_prints=True)
-def sft_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> dict:
-    data_md5 = ensure_data(cfg)
-    check_inputs(cfg, ["sft"])
-    key = stage_key("sft", {"sft": cfg.sft.model_dump(), "model": cfg.model.model_dump(), "seed": cfg.seed,
-                            "data": cfg.data.model_dump(), "eval": cfg.eval.model_dump(), "name": cfg.name},
-                    {"base": cfg.model.base, "data_md5": data_md5}, tracking.store_id(cfg))
-    base_path, _ = resolve_model(cfg, cfg.model.base, "model.base")
-    return run_stage("sft", sft_task, cfg, force)(cfg, base_path, data_md5, key, parent_run_id)
+def sft_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
+    return run_declared(SFT, cfg, force, parent_run_id)

@@ -10,6 +10,7 @@ from flows.reward_model import reward_model_flow
 from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
 from hindsight.fsutil import atomic_write_bytes
+from hindsight.stage import model_name
 from hindsight.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
 from tasks import tracking
 from tasks.cache import stage_key
@@ -32,7 +33,7 @@ def sweep_flow(sweep: SweepConfig, base: PipelineConfig, force: bool = False, sw
     _publish(base, sweep, parent, ranked, table)
     best = next((r for r in ranked if r["rank"] == 1), None)
     if best:
-        tracking.client(base).set_registered_model_alias(f"{base.name}-policy", "best", best["version"])
+        tracking.client(base).set_registered_model_alias(model_name(base, "policy"), "best", best["version"])
         tracking.set_tags(base, parent, {"hindsight.best_trial": best["trial"], "hindsight.best_version": best["version"]})
         tracking.log_metrics(base, parent, {f"best/{sweep.metric}": best[sweep.metric]}, 0)
     tracking.end_run(base, parent, "FINISHED" if best else "FAILED")
@@ -43,9 +44,9 @@ def _shared_stages(base: PipelineConfig, force: bool) -> dict:
     """SFT and the reward model every trial starts from (cached after the first sweep or pipeline)."""
     versions = {}
     if base.sft.enabled:
-        versions["sft"] = sft_flow(base, force=force)["version"]
+        versions["sft"] = sft_flow(base, force=force).version
     if base.reward_model.enabled:
-        versions["rm"] = reward_model_flow(base, force=force)["version"]
+        versions["rm"] = reward_model_flow(base, force=force).version
     return versions
 
 

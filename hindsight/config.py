@@ -82,7 +82,8 @@ class RewardFnConfig(Strict):
 
 
 class VLLMConfig(Strict):
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="share of the GPU vLLM may take; the learner needs the rest")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1,
+                                          description="share of the GPU vLLM may take; the learner needs the rest")
     max_model_len: int = Field(2048, ge=16)
     dtype: str = Field("auto", description="vLLM's dtype; auto follows the checkpoint")
 

@@ -1,9 +1,9 @@
 """One policy update over a batch of rollouts.
 
-Every algorithm is an advantage estimator plugged into the same clipped policy-gradient
-kernel (`hindsight.algorithms` holds the estimators): advantages first, then `num_iterations` passes of the loss against the behaviour
-log-probs stored in the rollout. An algorithm with a critic
-(PPO) also trains it on the same batch.
+Every algorithm is an advantage estimator (`hindsight.algorithms`) plugged into the same
+clipped policy-gradient kernel: advantages first, then `num_iterations` passes of the loss
+against the behaviour log-probs stored in the rollout. An algorithm with a critic (PPO)
+also trains it on the same batch.
 """
 from __future__ import annotations
 

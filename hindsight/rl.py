@@ -127,7 +127,6 @@ class RLRun:
         if self.store.has("rollouts", step):
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
         batch, metrics = self.select_prompts(step)
-        r = self.rl.rollout
         t0 = time.perf_counter()
         exp = self._generate([b["prompt"] for b in batch], step)
         seconds = time.perf_counter() - t0

@@ -1,35 +1,34 @@
-"""Stage cache keys: the stage's config, its input versions, the data md5 and our code."""
+"""Cache keys for Prefect: a stage's key comes from its declaration (`hindsight.stage.cache_key`)."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from functools import lru_cache
-from pathlib import Path
 
-import hindsight
-import rewards
+from hindsight.config import PipelineConfig
+from hindsight.stage import StageSpec, cache_key, code_version
+from tasks import tracking
+
+CODE_PACKAGES = ("hindsight", "rewards", "tasks", "flows")  # the code a stage runs: any edit reruns it
 
 
 @lru_cache(maxsize=1)
-def code_version() -> str:
-    """Hash of the core's source: a change to the maths invalidates every cached stage."""
-    h = hashlib.sha256()
-    for pkg in (hindsight, rewards):
-        root = Path(pkg.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            h.update(path.relative_to(root).as_posix().encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+def our_code() -> str:
+    return code_version(*(importlib.import_module(name) for name in CODE_PACKAGES))
+
+
+def declared_key(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str) -> str:
+    return cache_key(spec, cfg, model_versions, data_md5, tracking.store_id(cfg), our_code())
 
 
 def stage_key(stage: str, config_part: dict, inputs: dict, store: str) -> str:
-    """`store` names the MLflow store (see `tracking.store_id`): a cached result points at a
-    version registered there, so it is not valid against another store, or a recreated one."""
-    blob = json.dumps({"stage": stage, "config": config_part, "inputs": inputs, "code": code_version(), "store": store},
+    """For the sweep's own tasks, which are not declared stages."""
+    blob = json.dumps({"stage": stage, "config": config_part, "inputs": inputs, "code": our_code(), "store": store},
                       sort_keys=True, default=str)
     return f"hindsight-{stage}-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def cache_key_from_inputs(context, parameters) -> str:
-    """Prefect cache_key_fn: every stage task takes a precomputed `cache_key` parameter."""
+    """Prefect cache_key_fn: every cached task takes a precomputed `cache_key` parameter."""
     return parameters["cache_key"]

@@ -13,6 +13,7 @@ from hindsight.evaluate import judge
 from hindsight.fsutil import atomic_write_bytes
 from hindsight.models import load_causal_lm, load_tokenizer
 from hindsight.report import render_versions_report, text_table
+from hindsight.stage import model_name
 from tasks import tracking
 from tasks.stages import eval_rows
 
@@ -20,7 +21,7 @@ from tasks.stages import eval_rows
 def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Path:
     """The RL start point and the newest registered policy versions answer the same eval prompts."""
     c = tracking.client(cfg)
-    name = f"{cfg.name}-policy"
+    name = model_name(cfg, "policy")
     versions = sorted(c.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
     versions = versions[-cfg.eval.compare_versions:]
     rows = eval_rows(cfg)[: cfg.eval.compare_prompts]

@@ -47,7 +47,7 @@ def trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_run_id: str
     atomic_write_bytes(cfg_file, yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True)).encode())
     result_file.unlink(missing_ok=True)
     env = {**os.environ, **({"PREFECT_API_URL": api_url} if api_url else {})}
-    cmd = [sys.executable, "-m", "hindsight.cli", "run", "rl", "-c", str(cfg_file),
+    cmd = [sys.executable, "-m", "cli", "run", "rl", "-c", str(cfg_file),
            "--parent-run-id", parent_run_id, "--result-json", str(result_file)]
     with open(cfg.root / "trial.log", "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -36,9 +36,9 @@ def served(cmd: list[str], health_url: str, home: Path, env: dict | None = None,
                 break
             except OSError:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{cmd[2]} server exited: {(home / 'server.log').read_text()[-2000:]}")
+                    raise RuntimeError(f"{cmd[2]} server exited: {(home / 'server.log').read_text()[-2000:]}") from None
                 if time.time() > deadline:
-                    raise RuntimeError(f"{cmd[2]} server did not become healthy in {timeout:.0f} s")
+                    raise RuntimeError(f"{cmd[2]} server did not become healthy in {timeout:.0f} s") from None
                 time.sleep(0.5)
         yield proc
     finally:
@@ -80,6 +80,16 @@ def mlflow_server(tmp_path_factory):
                  "--backend-store-uri", f"sqlite:///{home}/mlflow.db", "--artifacts-destination", str(home / "artifacts"),
                  "--workers", "1"], f"{url}/health", home):
         yield url, home
+
+
+INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test in these folders runs the CLI, a server or a browser: the `integration` tier."""
+    for item in items:
+        if INTEGRATION_DIRS & set(Path(item.path).relative_to(Path(__file__).parent).parts[:-1]):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -196,7 +196,7 @@ def test_sweep_submits_trials_as_deployment_runs_to_the_pool(ws, prefect_api):
         "params:\n  rl.lr: [1.0e-4, 3.0e-4]\n")
     worker, log = start_worker(work, env, "worker-sweep")
     try:
-        res = subprocess.run([sys.executable, "-m", "hindsight.cli", "sweep", "-c", "sweep.yaml"], cwd=work, env=env,
+        res = subprocess.run([sys.executable, "-m", "cli", "sweep", "-c", "sweep.yaml"], cwd=work, env=env,
                              capture_output=True, text=True, timeout=900)
     finally:
         stop(worker)

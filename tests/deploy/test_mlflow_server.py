@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_smoke_pipeline_against_a_shared_mlflow_server(mlflow_server, prefect_api, tmp_path):
     url, home = mlflow_server
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": url, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "hindsight.cli", "run", "pipeline", "-c", str(ROOT / "configs/smoke.yaml"),
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", str(ROOT / "configs/smoke.yaml"),
                           "--set", "negative_ft.enabled=false"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -27,7 +27,7 @@ def documented() -> dict[str, str]:
 
 
 def _hindsight(args, cwd, env):
-    return subprocess.run([sys.executable, "-m", "hindsight.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -60,7 +60,7 @@ def _run(work, env, run_dir, fault=None):
         e["HINDSIGHT_FAULT"] = fault
     log = work / f"{run_dir}-{'crash' if fault else 'run'}.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "hindsight.cli", "run", "rl", "-c", str(work / "rl.yaml"),
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", str(work / "rl.yaml"),
                                  "--set", f"run_dir=runs/{run_dir}"], cwd=work, env=e, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:

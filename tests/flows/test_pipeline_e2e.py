@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hindsight(args, cwd, env):
-    return subprocess.run([sys.executable, "-m", "hindsight.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

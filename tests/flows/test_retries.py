@@ -40,7 +40,7 @@ def work(tmp_path, prefect_api):
 
 def _rl(work, env, fault=None):
     e = {**env, "HINDSIGHT_FAULT": fault} if fault else {k: v for k, v in env.items() if k != "HINDSIGHT_FAULT"}
-    return subprocess.run([sys.executable, "-m", "hindsight.cli", "run", "rl", "-c", "rl.yaml"], cwd=work, env=e,
+    return subprocess.run([sys.executable, "-m", "cli", "run", "rl", "-c", "rl.yaml"], cwd=work, env=e,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -30,7 +30,7 @@ params:
 
 
 def hindsight(args, cwd, env):
-    return subprocess.run([sys.executable, "-m", "hindsight.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 

@@ -55,7 +55,8 @@ def test_wrong_type_names_field(tmp_path):
 
 def test_out_of_range_group_size(tmp_path):
     p = _write(tmp_path, "rl:\n  samples_per_prompt: 1\n")
-    with pytest.raises(ConfigError, match=r"rl.samples_per_prompt: Value error, grpo compares completions within a group, so it needs at least 2"):
+    with pytest.raises(ConfigError, match=r"rl.samples_per_prompt: Value error, grpo compares completions within a group, "
+                                          r"so it needs at least 2"):
         load_config(p)
 
 

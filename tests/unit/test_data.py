@@ -61,6 +61,7 @@ def test_demo_data_is_deterministic_and_has_the_designed_mistake(tmp_path):
     assert evals and not evals & {pair(r) for r in sft}  # held-out sums are never demonstrated
 
 
+@pytest.mark.integration  # runs git and the dvc CLI
 def test_dvc_dir_md5_matches_dvc_itself(tmp_path):
     if shutil.which("dvc") is None:
         pytest.fail("dvc is a dependency and must be installed")

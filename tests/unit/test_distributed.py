@@ -33,6 +33,7 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.integration  # accelerate launch: 2 processes
 def test_sft_two_processes_equal_one_with_the_same_global_batch(setup):
     work, init = setup
     one, _ = train(work, init, "sft", "sft-1", 1, 8)
@@ -46,6 +47,7 @@ def test_sft_two_processes_equal_one_with_the_same_global_batch(setup):
     assert max_diff(one, other) > 10 * ATOL
 
 
+@pytest.mark.integration  # accelerate launch: 2 processes
 def test_reward_model_trains_under_two_processes(setup):
     """The reward model launches, trains and saves from rank 0. Its weights are NOT yet equal to
     a 1-process run's (about 3% of them differ beyond ATOL after 4 steps, cause not found;
@@ -75,6 +77,7 @@ def varied(completions, **_):
     return [float(len(c) % 3) for c in completions]
 
 
+@pytest.mark.integration  # accelerate launch: 2 processes
 @pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
 def test_rl_update_two_processes_equal_one(setup, tmp_path, agg):
     """The RL stage's own update: 1 process, and 2 under `accelerate launch` (each a share of

@@ -76,7 +76,8 @@ def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
         beta=beta, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1), model=SimpleNamespace(training=True),
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1, max_completion_length=max_len, _entropy_bonus_enabled=False,
         aux_loss_enabled=False, accelerator=_Acc(), _metrics=defaultdict(lambda: defaultdict(list)),
     )

@@ -72,6 +72,7 @@ def test_unimportable_reward_is_a_clear_error():
         load_reward_fn("rewards.exact")
 
 
+@pytest.mark.integration  # a reward worker process
 def test_reward_worker_bounds_a_hanging_reward_and_recovers(tmp_path, monkeypatch):
     import time
 

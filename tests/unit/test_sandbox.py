@@ -3,8 +3,12 @@ import socket
 import threading
 import time
 
+import pytest
+
 from rewards.code import code_tests
 from rewards.sandbox import namespaces_available, run_python
+
+pytestmark = pytest.mark.integration  # every test runs code in a sandboxed subprocess
 
 
 def test_passing_and_failing_code():

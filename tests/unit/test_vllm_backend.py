@@ -9,7 +9,6 @@ from hindsight.config import PipelineConfig
 from hindsight.data import build_demo_data
 from hindsight.errors import ConfigError
 from hindsight.models import build_tiny_model
-from hindsight.preflight import check_inputs
 from hindsight.rl import RLRun
 from hindsight.rollout import vllm as vllm_backend
 from hindsight.rollout.hf import generate
@@ -58,13 +57,17 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
     init = str(build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2))
     cfg = PipelineConfig.model_validate({
         "name": "v", "run_dir": str(tmp_path / "run"),
-        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl")},
+        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl"),
+                 "eval": str(tmp_path / "data/eval.jsonl")},
         "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 3, "reward_isolation": "inline", "lr": 1e-2,
                "rollout": {"backend": "vllm", "max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95},
                "rewards": [{"fn": "test_vllm_backend:varied"}]}})
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="rl.rollout.backend: vllm cannot run"):
-        check_inputs(cfg, ["rl"])  # the stage refuses before loading anything
+        from flows.rl import RL
+        from hindsight.stage import preflight
+
+        preflight(RL, cfg)  # the stage's declared preflight refuses before loading anything
     run = RLRun(cfg, init, None)
     from hindsight.models import load_causal_lm
 

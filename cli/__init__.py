@@ -1,4 +1,5 @@
-"""The `hindsight` command. Flows are imported inside commands so the core stays prefect-free."""
+"""The `hindsight` command. It sits above flows/ (cli -> flows -> tasks -> core); flows are imported
+inside commands so `--help` stays fast."""
 from __future__ import annotations
 
 import logging
@@ -84,11 +85,12 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
             _quiet_user_errors()
         extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
         result = registry.FLOWS[stage](cfg, force=force, **extra)
-        _print_summary(result if isinstance(result, list) else [result])
+        rows = [r.row() for r in (result if isinstance(result, list) else [result])]
+        _print_summary(rows)
         if result_json:
             import json
 
-            result_json.write_text(json.dumps(result, default=str))
+            result_json.write_text(json.dumps(rows if isinstance(result, list) else rows[0], default=str))
         return result
 
     return _guard(go, debug)
@@ -155,6 +157,7 @@ def sweep(config: Path = typer.Option(..., "-c", "--config", help="sweep YAML (s
     _env()
 
     def go():
+        from hindsight.stage import model_name
         from hindsight.sweep import load_sweep
 
         sweep_cfg, base, _ = load_sweep(config, set_ or [])
@@ -169,7 +172,7 @@ def sweep(config: Path = typer.Option(..., "-c", "--config", help="sweep YAML (s
             raise StageError(f"sweep {sweep_cfg.name}: every trial failed (logs under {base.root.parent / sweep_cfg.name})")
         best = result["best"]
         typer.echo(f"best: {best['trial']} {sweep_cfg.metric}={best[sweep_cfg.metric]:.4g} -> "
-                   f"{base.name}-policy v{best['version']} (alias @best)")
+                   f"{model_name(base, 'policy')} v{best['version']} (alias @best)")
 
     _guard(go, debug)
 
@@ -239,7 +242,3 @@ def data_build(out: Path = typer.Option(Path("data"), "--out", help="output fold
 
 def main():
     sys.exit(app())
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,141 @@
+"""A stage is one declaration: what it reads, what it registers, and its story.
+
+The declaration is the single source for three things that used to be written by hand in
+each flow: the preflight (the data files and reward functions it reads are checked before
+any model loads), the cache key (a change to anything it reads reruns it, a change to
+anything else does not), and the registered model's name.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hindsight.config import PipelineConfig
+from hindsight.data import load_rows
+from hindsight.scoring import load_reward_fn
+
+
+def model_name(cfg: PipelineConfig, kind: str) -> str:
+    """The registry name of a stage's output, e.g. NAME-sft; every caller builds it here."""
+    return f"{cfg.name}-{kind}"
+
+
+def model_uri(cfg: PipelineConfig, kind: str, alias: str = "latest") -> str:
+    return f"models:/{model_name(cfg, kind)}@{alias}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageContext:
+    """What a story gets: the config, its resolved input models and its MLflow run."""
+    cfg: PipelineConfig
+    inputs: dict[str, str | None]          # config field -> local folder of the model it names
+    run_id: str
+    log: Callable[[dict, int], None]       # log(metrics, step) to the stage's run
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageOutput:
+    model_dir: Path                        # the checkpoint folder to register
+    eval_accuracy: float | None = None
+    then: Callable[[str], None] | None = None  # runs with the run id once the model is registered
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    name: str                              # flow, task, MLflow run and cache-key name
+    sections: tuple[str, ...]              # top-level config keys that decide its output
+    models: Callable[[PipelineConfig], dict[str, str | None]]  # config field -> the model uri it reads (None: not read)
+    data: tuple[str, ...] = ()             # DataConfig fields of the files it reads (columns in DATA_COLUMNS)
+    rewards: Callable[[PipelineConfig], list[str]] = lambda cfg: []  # 'module:function' it calls
+    state: Callable[[PipelineConfig], Any] | None = None  # run-directory state it reads (stored shards)
+    checks: Callable[[PipelineConfig], None] | None = None  # more preflight (e.g. that vLLM can run)
+    registers: str                         # kind: the stage registers NAME-<kind>
+    story: Callable[[StageContext], StageOutput]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageResult:
+    stage: str
+    model: str
+    version: str
+    run_id: str
+    eval_accuracy: float | None
+    wall_s: float
+    cached: bool = False
+
+    def row(self) -> dict:
+        """The summary row (`--result-json`, sweeps): MLflow's metric name for the accuracy."""
+        return {"stage": self.stage, "model": self.model, "version": self.version, "run_id": self.run_id,
+                "eval/accuracy": self.eval_accuracy, "wall_s": self.wall_s, "cached": self.cached}
+
+
+# DataConfig field -> the columns a stage needs in it
+DATA_COLUMNS = {"sft": ("prompt", "completion"), "prefs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",),
+                "eval": ("prompt",)}
+
+
+def preflight(spec: StageSpec, cfg: PipelineConfig) -> None:
+    """Everything the stage declares it reads, checked in a second, before any model loads."""
+    d = cfg.data
+    for name in spec.data:
+        eval_file = name == "eval"
+        load_rows(getattr(d, name), required=DATA_COLUMNS[name], split=d.eval_split if eval_file else d.split,
+                  columns=d.columns or None, limit=cfg.eval.limit if eval_file else None)
+    for reward in spec.rewards(cfg):
+        load_reward_fn(reward)
+    if spec.checks:
+        spec.checks(cfg)
+
+
+def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str) -> dict:
+    """Everything the stage declares it reads, as plain values: the cache key hashes exactly this."""
+    dumped = cfg.model_dump(mode="json", by_alias=True)
+    return {"config": {s: str(cfg.root) if s == "run_dir" else dumped[s] for s in spec.sections},
+            "models": model_versions, "data_md5": data_md5,
+            "data_files": {n: _external_file_hash(cfg, getattr(cfg.data, n)) for n in spec.data},
+            "rewards": {r: reward_source_hash(r) for r in spec.rewards(cfg)},
+            "state": spec.state(cfg) if spec.state else None}
+
+
+def cache_key(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str, store: str,
+              code: str) -> str:
+    """`store` names the MLflow store: a cached result points at a version registered there.
+    `code` is the hash of the code that runs the stage (`code_version`)."""
+    blob = json.dumps({"stage": spec.name, **cache_inputs(spec, cfg, model_versions, data_md5), "code": code,
+                       "store": store}, sort_keys=True, default=str)
+    return f"hindsight-{spec.name}-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def code_version(*packages) -> str:
+    """Hash of the packages' source: a change to the code invalidates every cached stage."""
+    h = hashlib.sha256()
+    for pkg in packages:
+        root = Path(pkg.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            h.update(f"{pkg.__name__}/{path.relative_to(root).as_posix()}".encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def reward_source_hash(spec: str) -> str:
+    """A reward module's source: editing a user's reward outside our packages reruns the stage."""
+    module = importlib.import_module(spec.partition(":")[0])
+    source = getattr(module, "__file__", None)
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else "builtin"
+
+
+def _external_file_hash(cfg: PipelineConfig, path: str) -> str | None:
+    """Files inside the DVC-tracked data dir are covered by its md5; others are hashed here."""
+    p, data_dir = Path(path).resolve(), Path(cfg.data.dir).resolve()
+    if data_dir in p.parents or not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
