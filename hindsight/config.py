@@ -162,6 +162,8 @@ class RLConfig(Strict):
     num_iterations: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
+    disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "
+                                                    "before the first update (false keeps the checkpoint's dropout)")
     kl: KLConfig = Field(default_factory=KLConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)

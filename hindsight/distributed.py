@@ -98,12 +98,14 @@ def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, d
     from hindsight.experience import Experience
     from hindsight.config import RLConfig
     from hindsight.learner import learner_settings, update
-    from hindsight.models import load_causal_lm
+    from hindsight.models import disable_dropout, load_causal_lm
 
     state = PartialState(cpu=not torch.cuda.is_available())
     rl_cfg = RLConfig.model_validate(rl)
     s = learner_settings(rl_cfg)
     model = load_causal_lm(policy_dir, dtype)
+    if rl_cfg.disable_dropout:
+        disable_dropout(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=rl_cfg.lr, weight_decay=0.0)
     optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
     exp = Experience(**torch.load(batch_file, weights_only=True))

@@ -59,7 +59,7 @@ def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
     """(B, T) KL of the behaviour policy from the reference, for the reward penalty."""
     if not s.reward_kl_coef or exp.ref_logprobs is None:
         return None
-    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator) * exp.completion_mask
+    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator, exp.completion_mask)
 
 
 def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor | None = None):

@@ -27,7 +27,7 @@ from hindsight.history import MetricsLog
 from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
-from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
+from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
 from hindsight.rollout.hf import generate
 from hindsight.scoring import load_reward_fn, score_completions
@@ -93,6 +93,8 @@ class RLRun:
         start = self.ckpt.latest_step()
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)
+        if self.rl.disable_dropout:
+            disable_dropout(self.policy)
         self.ref = load_causal_lm(init_path, cfg.model.dtype).eval() if self.rl.kl.coef > 0 else None
         self.rm = load_reward_model(rm_path).eval() if rm_path and self.rl.reward_model_weight > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
@@ -117,6 +119,8 @@ class RLRun:
         torch.manual_seed(self.cfg.seed)  # a fresh value head starts the same way every run
         critic = load_reward_model(source, self.cfg.model.dtype)
         critic.config.pad_token_id = self.tok.pad_token_id
+        if self.rl.disable_dropout:
+            disable_dropout(critic)
         optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=0.0)
         if start:
             self.ckpt.load_optimizer(start, optimizer, "critic_optimizer")
@@ -271,6 +275,8 @@ class RLRun:
             rl=self.rl.model_dump(by_alias=True), dtype=self.cfg.model.dtype, out_dir=str(work / "out")),
             res.num_processes, res.accelerate_config, workdir=work)
         self.policy = load_causal_lm(str(work / "out"), self.cfg.model.dtype)
+        if self.rl.disable_dropout:
+            disable_dropout(self.policy)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
         self.optimizer.load_state_dict(torch.load(work / "out" / "optimizer.pt", weights_only=True))
         return metrics

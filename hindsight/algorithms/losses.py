@@ -9,12 +9,21 @@ from dataclasses import dataclass
 import torch
 
 
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+LOG_RATIO_CLAMP = 20.0  # verl's and OpenRLHF's bound: exp(20) is finite in float32, exp(89) is not
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3",
+                mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token KL(pi || ref) estimate from samples of pi (Schulman's k1/k2/k3).
 
-    logp, ref_logp: (B, T). Returns (B, T). k3 is unbiased and always >= 0.
+    logp, ref_logp, mask: (B, T). Returns (B, T), 0 where mask is 0. k3 is unbiased and
+    always >= 0. Padding is masked before the exponential: there the reference is padded with
+    0.0 while the policy's log-prob of the pad token can be far below -89, and exp(inf) * 0
+    would be NaN in the loss and every gradient.
     """
-    log_ratio = ref_logp - logp                                   # (B, T)  log(ref/pi)
+    log_ratio = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)    # (B, T)  log(ref/pi)
+    if mask is not None:
+        log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
     if estimator == "k1":
         return -log_ratio
     if estimator == "k2":
@@ -73,7 +82,7 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, ent
     Returns the scalar loss and detached statistics for logging.
     """
     per_token, ratio = clipped_surrogate(logp, old_logp, advantages, s.clip_eps_low, s.clip_eps_high)  # (B, T)
-    kl = kl_estimate(logp, ref_logp, s.kl_estimator) if ref_logp is not None else torch.zeros_like(logp)
+    kl = kl_estimate(logp, ref_logp, s.kl_estimator, mask) if ref_logp is not None else torch.zeros_like(logp)
     if s.kl_coef:
         per_token = per_token + s.kl_coef * kl
     if s.entropy_coef and entropy is not None:
