@@ -158,6 +158,8 @@ class RLConfig(Strict):
     lr: float = Field(1e-4, gt=0)
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
+    clip_ratio_c: float | None = Field(None, gt=1, description="dual-clip (verl): cap a negative advantage's loss at "
+                                                               "-A * clip_ratio_c; null turns it off")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
     num_iterations: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)

@@ -77,3 +77,30 @@ def test_dropout_can_be_kept_on_by_choice(tmp_path):
     run.rollout(0), run.score(0)
     assert abs(run.update(0)["ratio_mean/iter0"] - 1.0) > 1e-5  # the opt-out really keeps dropout
     run.close()
+
+
+def test_dual_clip_caps_the_loss_of_a_negative_advantage_at_clip_ratio_c():
+    """verl's dual-clip: for A < 0 the loss is min(-A * c, max(-A r, -A clip(r))). Here A = -1,
+    r = 5, eps 0.2, c = 3: the plain clipped loss is max(5, 0.8) = 5, the dual-clipped one 3,
+    and its gradient is 0. A positive advantage is not touched."""
+    logp = torch.log(torch.tensor([[5.0], [5.0]])).requires_grad_()  # (2, 1); old_logp 0 -> ratio 5
+    old, mask, adv = torch.zeros(2, 1), torch.ones(2, 1), torch.tensor([-1.0, 1.0])
+    plain, _ = policy_loss(logp, old, None, adv, mask, LossSettings(loss_agg="token_mean"))
+    dual, stats = policy_loss(logp, old, None, adv, mask, LossSettings(loss_agg="token_mean", clip_ratio_c=3.0))
+    # token losses: plain [5, -1.2], dual [3, -1.2]; token_mean over 2 tokens
+    assert abs(float(plain) - (5.0 - 1.2) / 2) < 1e-5 and abs(float(dual) - (3.0 - 1.2) / 2) < 1e-5
+    dual.backward()
+    assert logp.grad.tolist() == [[0.0], [0.0]]  # capped for A<0, clipped (r > 1 + eps) for A>0
+    assert stats["dual_clip_fraction"] == 0.5
+
+
+def test_entropy_bonus_follows_the_policy_loss_aggregation():
+    """Two sequences of 1 and 3 tokens, zero advantages, so the loss is -coef * agg(entropy)."""
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    ent = torch.tensor([[3.0, 9.0, 9.0], [1.0, 2.0, 3.0]])  # padding entropies must not count
+    expected = {"token_mean": (3 + 1 + 2 + 3) / 4, "seq_mean_token_mean": (3 / 1 + 6 / 3) / 2,
+                "seq_mean_token_sum_norm": (3 + 6) / (2 * 3)}
+    for agg, mean_entropy in expected.items():
+        loss, _ = policy_loss(logp, logp, None, torch.zeros(2), mask, LossSettings(loss_agg=agg, entropy_coef=0.1), ent)
+        assert abs(float(loss) + 0.1 * mean_entropy) < 1e-6, agg
