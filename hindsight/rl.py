@@ -22,8 +22,8 @@ from hindsight.errors import CheckpointError
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
-from hindsight.fsutil import append_line
-from hindsight.history import MetricsLog
+from hindsight.fsutil import append_line, atomic_write_json
+from hindsight.history import MetricsLog, read_rows, truncate_rows_after
 from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
@@ -98,15 +98,21 @@ class RLRun:
         self.ref = load_causal_lm(init_path, cfg.model.dtype).eval() if self.rl.kl.coef > 0 else None
         self.rm = load_reward_model(rm_path).eval() if rm_path and self.rl.reward_model_weight > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
+        self.lr_multiplier = 1.0  # the product of every `lower_lr` alert's factor so far
         if start:
             self.ckpt.load_optimizer(start, self.optimizer)
+            self.ckpt.restore_rng(start)
+            self.lr_multiplier = lr_multiplier(self.dir / "alerts.jsonl", start)
+            self._set_lr()  # the configured rl.lr applies on resume, not the rate stored in the optimizer
         self.start_step = start or 0
+        atomic_write_json(self.dir / "config.json", self.rl.model_dump(mode="json", by_alias=True))
         self.settings = learner_settings(self.rl)
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
+        truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
 
     def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
@@ -249,6 +255,7 @@ class RLRun:
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
         metrics.update(rollout_metrics(rows, scores, self.rl.samples_per_prompt, self.rl.rollout.max_new_tokens))
         metrics.update({"time/update_s": time.perf_counter() - t0, "lr": self.optimizer.param_groups[0]["lr"],
+                        "lr/alert_multiplier": self.lr_multiplier,
                         **peak_memory()})
         crash_point("update", step)
         done = step + 1
@@ -290,17 +297,22 @@ class RLRun:
         self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint},
                        self.critic, self.critic_optimizer)
 
+    def _set_lr(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rl.lr * self.lr_multiplier
+
     # --- look back ----------------------------------------------------------------------
     def observe(self, done: int, metrics: dict) -> list[Alert]:
         """Record step `done`'s metrics on disk and run the alert rules; applies `lower_lr` here
-        (the lowered rate is in the optimizer state, so it survives a checkpoint and resume)."""
+        (as a multiplier of rl.lr saved with each checkpoint, so it survives a resume that
+        changes rl.lr)."""
         self.history.append(done, metrics)
         fired = self.monitor.observe(done, metrics)
         for alert in fired:
             append_line(self.dir / "alerts.jsonl", json.dumps(alert.to_dict()))
             if alert.action == "lower_lr":
-                for group in self.optimizer.param_groups:
-                    group["lr"] *= alert.factor
+                self.lr_multiplier *= alert.factor
+                self._set_lr()
         return fired
 
     def _train_groups(self, rows: list[dict], scores: list[dict]) -> tuple[list[dict], list[dict], dict]:
@@ -312,6 +324,16 @@ class RLRun:
         take = [j for g in kept for j in range(g * size, (g + 1) * size)]
         return [rows[j] for j in take], [scores[j] for j in take], {
             "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept))}
+
+
+def lr_multiplier(alerts_file: Path, up_to_step: int) -> float:
+    """The product of the `lower_lr` factors fired up to a step, from the alert log: each factor
+    stays its own record, so a resume can apply a new rl.lr and still honour them."""
+    out = 1.0
+    for alert in read_rows(alerts_file, up_to_step):
+        if alert.get("action") == "lower_lr":
+            out *= alert.get("factor", 1.0)
+    return out
 
 
 def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:

@@ -104,3 +104,52 @@ def test_entropy_bonus_follows_the_policy_loss_aggregation():
     for agg, mean_entropy in expected.items():
         loss, _ = policy_loss(logp, logp, None, torch.zeros(2), mask, LossSettings(loss_agg=agg, entropy_coef=0.1), ent)
         assert abs(float(loss) + 0.1 * mean_entropy) < 1e-6, agg
+
+
+def test_resume_restores_the_saved_rng_state(tmp_path):
+    import random
+
+    from hindsight.rl import RLRun
+
+    init = _tiny(tmp_path)
+    cfg = _rl_cfg(tmp_path, save_every=1)
+    run = RLRun(cfg, init, None)
+    run.rollout(0), run.score(0), run.update(0)
+    saved = torch.load(run.ckpt.root / "rng" / "step-000001.pt", weights_only=True)
+    run.close()
+    torch.rand(1000), random.random()  # the process's RNG moves on
+    resumed = RLRun(cfg, init, None)
+    assert resumed.start_step == 1
+    assert torch.equal(torch.get_rng_state(), saved["torch"])
+    assert list(random.getstate()[1]) == list(saved["python"])
+    resumed.close()
+
+
+def test_a_changed_lr_takes_effect_on_resume_and_an_alert_factor_stays_a_multiplier(tmp_path):
+    from hindsight.rl import RLRun
+
+    init = _tiny(tmp_path)
+    lower = [{"rule": "kl_high", "threshold": -1.0, "window": 1, "action": "lower_lr", "factor": 0.5}]
+    run = RLRun(_rl_cfg(tmp_path, save_every=1, lr=1e-3, alerts=lower), init, None)
+    run.rollout(0), run.score(0)
+    metrics = run.update(0)
+    run.observe(1, metrics)  # kl > -1 always: the rule fires once and halves the rate
+    assert run.optimizer.param_groups[0]["lr"] == 5e-4
+    run.checkpoint(1)
+    run.close()
+    resumed = RLRun(_rl_cfg(tmp_path, save_every=1, lr=4e-3, alerts=lower), init, None)
+    assert resumed.start_step == 1
+    assert resumed.optimizer.param_groups[0]["lr"] == 2e-3  # the new rl.lr times the recorded 0.5
+    resumed.rollout(1), resumed.score(1)
+    m = resumed.update(1)
+    assert m["lr"] == 2e-3 and m["lr/alert_multiplier"] == 0.5
+    resumed.close()
+
+
+def test_the_report_shows_the_configured_kl_estimator():
+    from hindsight.report import token_kl, token_spans
+
+    lp, ref = -1.0, -1.5
+    assert abs(token_kl(lp, ref, "k1") - 0.5) < 1e-9 and abs(token_kl(lp, ref, "k2") - 0.125) < 1e-9
+    html = token_spans([5], [lp], [ref], lambda ids: "x", "k1")
+    assert 'data-kl="0.5000"' in html
