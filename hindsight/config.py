@@ -109,6 +109,8 @@ class DynamicSamplingConfig(Strict):
     enabled: bool = False
     oversample: float = Field(1.5, ge=1.0, description="sample this many times prompts_per_step groups; "
                                                       "train on the first prompts_per_step that carry signal")
+    max_rounds: int = Field(3, ge=1, description="sample further rounds of fresh prompts until prompts_per_step "
+                                                 "groups carry signal, at most this many rounds in all")
 
 
 class ReplayConfig(Strict):

@@ -35,6 +35,9 @@ from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
 
 
+ROUND_SEED_STRIDE = 1_000_000_007  # further dynamic-sampling rounds draw far from every step's seed
+
+
 def step_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step
 
@@ -110,6 +113,7 @@ class RLRun:
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+        self._early_rewards = None  # (step, rows, rewards) computed while dynamic sampling, reused by score
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
@@ -134,36 +138,62 @@ class RLRun:
 
     # --- rollout ------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[Path, dict]:
+        """Sample the step's groups. With dynamic sampling, sample further rounds of fresh
+        prompts (DAPO) until `prompts_per_step` groups carry a signal or `max_rounds` is reached."""
         if self.store.has("rollouts", step):
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
         batch, metrics = self.select_prompts(step)
         t0 = time.perf_counter()
-        exp = self._generate([b["prompt"] for b in batch], step)
+        rows, n_tokens = self._sample(batch, step, 0, [])
+        rounds, ds = 1, self.rl.dynamic_sampling
+        while ds.enabled and rounds < ds.max_rounds and self._signal_groups(step, rows) < self.rl.prompts_per_step:
+            more, n = self._sample(self.round_prompts(step, rounds), step, rounds, rows)
+            rows, n_tokens, rounds = rows + more, n_tokens + n, rounds + 1
         seconds = time.perf_counter() - t0
+        if ds.enabled:
+            metrics["dynamic_sampling/rounds"] = float(rounds)
+        crash_point("rollout", step)
+        metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
+        return self.store.write("rollouts", step, rows), metrics
+
+    def _sample(self, batch: list[dict], step: int, round_: int, before: list[dict]) -> tuple[list[dict], int]:
+        """Rows for `batch`'s groups, numbered after the rows sampled `before` in this step."""
+        exp = self._generate([b["prompt"] for b in batch], step, round_)
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
+        first_group = before[-1]["group"] + 1 if before else 0
         rows = []
         for j in range(len(exp)):
             src = batch[j // exp.group_size]
             n = int(exp.completion_mask[j].sum())
             rows.append({
-                "step": step, "index": j, "group": j // exp.group_size, "prompt_id": str(src["id"]),
-                "replayed": bool(src.get("_replayed")),
+                "step": step, "index": len(before) + j, "group": first_group + j // exp.group_size,
+                "round": round_, "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")),
                 "prompt": src["prompt"], "completion": texts[j],
                 "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
                 "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
                 "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
                 "columns": json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")}),
             })
-        n_tokens = int(exp.completion_mask.sum())
-        crash_point("rollout", step)
-        metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
-        return self.store.write("rollouts", step, rows), metrics
+        return rows, int(exp.completion_mask.sum())
 
-    def _generate(self, prompts: list[str], step: int) -> Experience:
+    def _signal_groups(self, step: int, rows: list[dict]) -> int:
+        """How many of the rows' groups have rewards that differ (their rewards are kept for `score`)."""
+        self._early_rewards = (step, len(rows), self._rewards(rows))
+        kept, _ = signal_groups(self._early_rewards[2][0], self.rl.samples_per_prompt, len(rows))
+        return len(kept)
+
+    def round_prompts(self, step: int, round_: int) -> list[dict]:
+        """Fresh prompts for a further dynamic-sampling round: a cursor of its own per round."""
+        n = math.ceil(self.rl.prompts_per_step * self.rl.dynamic_sampling.oversample)
+        idx = prompt_indices(len(self.rows), n, step, f"{self.cfg.seed}-round{round_}")
+        return [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
+
+    def _generate(self, prompts: list[str], step: int, round_: int = 0) -> Experience:
         r = self.rl.rollout
+        seed = step_seed(self.cfg.seed, step) + round_ * ROUND_SEED_STRIDE
         if r.backend == "hf":
             return generate(self.policy, self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens,
-                            r.temperature, r.top_p, seed=step_seed(self.cfg.seed, step))
+                            r.temperature, r.top_p, seed=seed)
         if self.engine is None:
             from hindsight.rollout.vllm import VLLMEngine
 
@@ -174,7 +204,7 @@ class RLRun:
             self.engine.load_weights(self.policy)
             self.engine_stale = False
         return self.engine.generate(self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens, r.temperature,
-                                    r.top_p, seed=step_seed(self.cfg.seed, step))
+                                    r.top_p, seed=seed)
 
     def select_prompts(self, step: int) -> tuple[list[dict], dict]:
         """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
@@ -191,7 +221,9 @@ class RLRun:
         shards = [(self.store.read("rollouts", s), self.store.read("scores", s)) for s in past]
         keep = batch[: len(batch) - n_replay]
         hard = pick_hard_examples(shards, n_replay, self.rl.replay.priority, {b["id"] for b in keep})
-        batch = keep + [{**h, "_replayed": True} for h in hard] + batch[len(keep) + len(hard):]
+        # replayed groups first: dynamic sampling trains the first groups with a signal, and a
+        # replayed prompt at the tail of an oversampled batch would never be trained
+        batch = [{**h, "_replayed": True} for h in hard] + keep + batch[len(keep) + len(hard):]
         return batch, {"replay/count": float(len(hard)), "replay/ratio": len(hard) / len(batch),
                        "replay/ids": [h["id"] for h in hard]}
 
@@ -201,21 +233,17 @@ class RLRun:
             return self.store.path("scores", step), {}
         t0 = time.perf_counter()
         rows = self.store.read("rollouts", step)
-        columns = [json.loads(r["columns"]) for r in rows]
-        keys = sorted({k for c in columns for k in c})
-        result = score_completions([(f.fn, f.weight) for f in self.rl.rewards], [r["completion"] for r in rows],
-                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
-                                   self.reward_worker, self.rl.reward_timeout_s)
+        early = self._early_rewards
+        totals, result, rm = early[2] if early and early[:2] == (step, len(rows)) else self._rewards(rows)
         exp = self.experience_from_rows(rows)
         ref = None
-        with torch.no_grad():
-            if self.ref is not None:
+        if self.ref is not None:
+            with torch.no_grad():
                 ref, _ = token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
                                         self.rl.rollout.temperature)
-            rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist() if self.rm else None
         out = []
         for j, r in enumerate(rows):
-            total = result.total[j] + (self.rl.reward_model_weight * rm[j] if rm else 0.0)
+            total = totals[j]
             n = len(r["completion_ids"])
             out.append({"step": step, "index": j, "reward": total, "rm_score": rm[j] if rm else None,
                         **{f"reward_{k}": v[j] for k, v in result.per_fn.items()},
@@ -224,6 +252,21 @@ class RLRun:
         metrics["time/score_s"] = time.perf_counter() - t0
         crash_point("score", step)
         return self.store.write("scores", step, out), metrics
+
+    def _rewards(self, rows: list[dict]):
+        """(weighted totals, the reward functions' result, reward-model scores or None) for stored rows."""
+        columns = [json.loads(r["columns"]) for r in rows]
+        keys = sorted({k for c in columns for k in c})
+        result = score_completions([(f.fn, f.weight) for f in self.rl.rewards], [r["completion"] for r in rows],
+                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
+                                   self.reward_worker, self.rl.reward_timeout_s)
+        rm = None
+        if self.rm is not None:
+            exp = self.experience_from_rows(rows)
+            with torch.no_grad():
+                rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist()
+        totals = [t + (self.rl.reward_model_weight * rm[j] if rm else 0.0) for j, t in enumerate(result.total)]
+        return totals, result, rm
 
     def close(self) -> None:
         if self.reward_worker is not None:
@@ -323,7 +366,8 @@ class RLRun:
         kept, dropped = signal_groups([s["reward"] for s in scores], size, self.rl.prompts_per_step)
         take = [j for g in kept for j in range(g * size, (g + 1) * size)]
         return [rows[j] for j in take], [scores[j] for j in take], {
-            "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept))}
+            "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept)),
+            "replay/trained": float(sum(rows[g * size]["replayed"] for g in kept))}
 
 
 def lr_multiplier(alerts_file: Path, up_to_step: int) -> float:

@@ -153,3 +153,70 @@ def test_the_report_shows_the_configured_kl_estimator():
     assert abs(token_kl(lp, ref, "k1") - 0.5) < 1e-9 and abs(token_kl(lp, ref, "k2") - 0.125) < 1e-9
     html = token_spans([5], [lp], [ref], lambda ids: "x", "k1")
     assert 'data-kl="0.5000"' in html
+
+
+_COUNTER = iter(range(10**9))
+
+
+def always_signal(completions, **_):
+    """A different reward for every completion: every group carries a signal."""
+    return [float(next(_COUNTER)) for _ in completions]
+
+
+def signal_on_even_answers(completions, answer, **_):
+    """Signal only for prompts with an even answer: about half the groups are constant."""
+    return [float(next(_COUNTER)) if int(a) % 2 == 0 else 1.0 for a in answer]
+
+
+def test_replayed_groups_are_trained_under_dynamic_sampling(tmp_path):
+    from hindsight.rl import RLRun
+
+    init = _tiny(tmp_path)
+    cfg = _rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:always_signal"}],
+                  dynamic_sampling={"enabled": True, "oversample": 2.0}, replay={"ratio": 0.5, "window": 4})
+    run = RLRun(cfg, init, None)
+    run.rollout(0), run.score(0), run.update(0)
+    r1 = run.rollout(1)[1]
+    run.score(1)
+    m1 = run.update(1)
+    assert r1["replay/count"] == 2
+    trained = {a["index"] for a in run.store.read("advantages", 1)}
+    replayed = {r["index"] for r in run.store.read("rollouts", 1) if r["replayed"]}
+    assert len(replayed) == 2 * 4 and replayed <= trained  # both replayed groups were trained
+    assert m1["replay/trained"] == 2
+    run.close()
+
+
+def test_dynamic_sampling_samples_more_rounds_until_the_step_is_full(tmp_path):
+    from hindsight.rl import RLRun
+
+    init = _tiny(tmp_path)
+    cfg = _rl_cfg(tmp_path, prompts_per_step=6, rewards=[{"fn": "test_correctness:signal_on_even_answers"}],
+                  dynamic_sampling={"enabled": True, "oversample": 1.0, "max_rounds": 5})
+    run = RLRun(cfg, init, None)
+    _, r0 = run.rollout(0)
+    run.score(0)
+    m0 = run.update(0)
+    rows = run.store.read("rollouts", 0)
+    assert r0["dynamic_sampling/rounds"] > 1
+    assert len(rows) == r0["dynamic_sampling/rounds"] * 6 * 4  # every round's groups are stored
+    assert m0["dynamic_sampling/kept_groups"] == 6  # a full step, not whatever one pass found
+    assert sorted({r["index"] for r in rows}) == list(range(len(rows)))
+    run.close()
+
+
+def test_dynamic_sampling_stops_at_max_rounds(tmp_path):
+    from hindsight.rl import RLRun
+
+    init = _tiny(tmp_path)
+    cfg = _rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:constant"}],
+                  dynamic_sampling={"enabled": True, "oversample": 1.0, "max_rounds": 2})
+    run = RLRun(cfg, init, None)
+    _, r0 = run.rollout(0)
+    run.score(0)
+    assert r0["dynamic_sampling/rounds"] == 2 and run.update(0)["dynamic_sampling/kept_groups"] == 0
+    run.close()
+
+
+def constant(completions, **_):
+    return [1.0] * len(completions)
