@@ -18,12 +18,12 @@ import torch
 from hindsight.alerts import Alert, AlertMonitor
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
-from hindsight.errors import CheckpointError
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
 from hindsight.fsutil import append_line, atomic_write_json
-from hindsight.history import MetricsLog, read_rows, truncate_rows_after
+from hindsight.history import MetricsLog, truncate_rows_after
+from hindsight.resume import check_compatible, lr_multiplier
 from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
@@ -51,28 +51,6 @@ def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int
         random.Random(f"{seed}-{epoch}").shuffle(order)
         out.append(order[pos])
     return out
-
-
-def check_compatible(manifest: dict, fingerprint: dict, run_dir: Path) -> None:
-    """Refuse to resume state produced under settings that change what was stored."""
-    stored = manifest.get("fingerprint")
-    if not stored:
-        return
-    # keys added by a later hindsight version are absent from older state: those ran with the default
-    diff = sorted(k for k in stored if stored.get(k) != fingerprint.get(k))
-    if diff:
-        detail = ", ".join(f"{k}: stored {stored.get(k)!r}, config {fingerprint.get(k)!r}" for k in diff)
-        raise CheckpointError(f"{run_dir}: cannot resume, the stored state is incompatible ({detail}); "
-                              f"rerun with --force-new-run to move it aside and start over")
-
-
-def archive_run_dir(run_dir: Path) -> Path | None:
-    """--force-new-run: move old state aside (never delete it) so the run starts fresh."""
-    if not run_dir.exists():
-        return None
-    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(target)
-    return target
 
 
 class RLRun:
@@ -159,6 +137,8 @@ class RLRun:
     def _sample(self, batch: list[dict], step: int, round_: int, before: list[dict]) -> tuple[list[dict], int]:
         """Rows for `batch`'s groups, numbered after the rows sampled `before` in this step."""
         exp = self._generate([b["prompt"] for b in batch], step, round_)
+        if self.rl.rollout.backend != "hf":
+            exp = self._learner_logprobs(exp)
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         first_group = before[-1]["group"] + 1 if before else 0
         rows = []
@@ -171,10 +151,22 @@ class RLRun:
                 "prompt": src["prompt"], "completion": texts[j],
                 "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
                 "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
+                "engine_logprobs": exp.engine_logprobs[j, :n].tolist() if exp.engine_logprobs is not None else None,
                 "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
                 "columns": json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")}),
             })
         return rows, int(exp.completion_mask.sum())
+
+    def _learner_logprobs(self, exp: Experience) -> Experience:
+        """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as
+        TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
+        renormalised over the nucleus. The engine's are kept for the optional IS weight."""
+        self.policy.eval()
+        with torch.no_grad():
+            logp, _ = token_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
+                                     self.rl.rollout.temperature)                     # (B, T)
+        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp.cpu() * exp.completion_mask
+        return exp
 
     def _signal_groups(self, step: int, rows: list[dict]) -> int:
         """How many of the rows' groups have rewards that differ (their rewards are kept for `score`)."""
@@ -278,6 +270,8 @@ class RLRun:
         completion_ids, mask = pad_right([r["completion_ids"] for r in rows], self.tok.pad_token_id)
         logprobs, _ = pad_right([r["logprobs"] for r in rows], 0.0, dtype=torch.float32)
         exp = Experience(prompt_ids, prompt_mask, completion_ids, mask, logprobs, self.rl.samples_per_prompt)
+        if rows[0].get("engine_logprobs") is not None:
+            exp.engine_logprobs, _ = pad_right([r["engine_logprobs"] for r in rows], 0.0, dtype=torch.float32)
         if scores is not None:
             exp.rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
             if scores[0]["ref_logprobs"] is not None:
@@ -368,16 +362,6 @@ class RLRun:
         return [rows[j] for j in take], [scores[j] for j in take], {
             "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept)),
             "replay/trained": float(sum(rows[g * size]["replayed"] for g in kept))}
-
-
-def lr_multiplier(alerts_file: Path, up_to_step: int) -> float:
-    """The product of the `lower_lr` factors fired up to a step, from the alert log: each factor
-    stays its own record, so a resume can apply a new rl.lr and still honour them."""
-    out = 1.0
-    for alert in read_rows(alerts_file, up_to_step):
-        if alert.get("action") == "lower_lr":
-            out *= alert.get("factor", 1.0)
-    return out
 
 
 def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:

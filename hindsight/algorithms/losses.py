@@ -51,6 +51,13 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return loss, ratio
 
 
+def tis_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: the learner's behaviour probability over the sampling
+    engine's, capped, corrects the gap between the two (a different dtype and kernels, a
+    nucleus renormalisation). old_logp, engine_logp: (B, T). Returns (B, T), no gradient."""
+    return torch.exp(old_logp - engine_logp).clamp(max=cap).detach()
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
 
@@ -81,16 +88,19 @@ class LossSettings:
     clip_ratio_c: float | None = None
 
 
-def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None):
+def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None, is_weights=None):
     """Clipped surrogate, plus KL-in-loss, minus an entropy bonus. All inputs (B, T) except
     advantages, (B,) or (B, T). `kl_coef` here is the in-loss coefficient (0 when the KL
     penalty lives in the reward instead). The KL and entropy terms are added per token before
     the aggregation, so they are reduced exactly as the policy loss is (`loss_agg`).
+    `is_weights` (B, T), when given, weight the surrogate only, as TRL does.
 
     Returns the scalar loss and detached statistics for logging.
     """
     per_token, ratio = clipped_surrogate(logp, old_logp, advantages, s.clip_eps_low, s.clip_eps_high,
                                          s.clip_ratio_c)                                  # (B, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights
     kl = kl_estimate(logp, ref_logp, s.kl_estimator, mask) if ref_logp is not None else torch.zeros_like(logp)
     if s.kl_coef:
         per_token = per_token + s.kl_coef * kl
