@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails
@@ -77,8 +77,13 @@ class RewardModelConfig(Strict):
 
 
 class RewardFnConfig(Strict):
-    fn: RewardSpec = Field(description="module:function with TRL's signature fn(completions, **columns)")
+    fn: RewardSpec = Field(description="module:function, called as TRL does: fn(prompts=, completions=, "
+                                       "completion_ids=, **dataset columns, **args)")
     weight: float = 1.0
+    args: dict[str, Any] = Field(default_factory=dict, description="the reward's own keyword arguments")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
+                             description="key of its scores and metrics; default the function's name, "
+                                         "numbered when two rewards share it")
 
 
 class VLLMConfig(Strict):

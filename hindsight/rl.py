@@ -249,9 +249,10 @@ class RLRun:
         """(weighted totals, the reward functions' result, reward-model scores or None) for stored rows."""
         columns = [json.loads(r["columns"]) for r in rows]
         keys = sorted({k for c in columns for k in c})
-        result = score_completions([(f.fn, f.weight) for f in self.rl.rewards], [r["completion"] for r in rows],
+        result = score_completions(self.rl.rewards, [r["completion"] for r in rows],
                                    {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
-                                   self.reward_worker, self.rl.reward_timeout_s)
+                                   self.reward_worker, self.rl.reward_timeout_s, prompts=[r["prompt"] for r in rows],
+                                   completion_ids=[list(r["completion_ids"]) for r in rows])
         rm = None
         if self.rm is not None:
             exp = self.experience_from_rows(rows)
