@@ -74,7 +74,7 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
     def go():
         cfg = load_config(config, sets or [])
         if force_new_run:
-            from hindsight.rl import archive_run_dir
+            from hindsight.resume import archive_run_dir
 
             moved = archive_run_dir(cfg.root / "rl")
             if moved:

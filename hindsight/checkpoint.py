@@ -67,6 +67,12 @@ class CheckpointManager:
         self._retain(step)
         return policy
 
+    def restore_rng(self, step: int) -> None:
+        """Put the process's torch and python RNG back where they were at `step`."""
+        state = self._load_tensor_file(self.root / "rng" / f"step-{step:06d}.pt")
+        torch.set_rng_state(state["torch"])
+        random.setstate((3, tuple(state["python"]), None))
+
     def load_optimizer(self, step: int, optimizer, component: str = "optimizer") -> None:
         path = self.root / component / f"step-{step:06d}.pt"
         optimizer.load_state_dict(self._load_tensor_file(path))

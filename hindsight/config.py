@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
 from hindsight.algorithms import ALGORITHMS, get_algorithm
 from hindsight.errors import ConfigError
+from hindsight.yamlfile import describe_errors, read_yaml_mapping
 
 
 def _reward_spec(value: str) -> str:
@@ -77,8 +77,13 @@ class RewardModelConfig(Strict):
 
 
 class RewardFnConfig(Strict):
-    fn: RewardSpec = Field(description="module:function with TRL's signature fn(completions, **columns)")
+    fn: RewardSpec = Field(description="module:function, called as TRL does: fn(prompts=, completions=, "
+                                       "completion_ids=, **dataset columns, **args)")
     weight: float = 1.0
+    args: dict[str, Any] = Field(default_factory=dict, description="the reward's own keyword arguments")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
+                             description="key of its scores and metrics; default the function's name, "
+                                         "numbered when two rewards share it")
 
 
 class VLLMConfig(Strict):
@@ -105,10 +110,19 @@ class KLConfig(Strict):
         "loss", alias="in", description="loss: a KL term in the policy loss; reward: a penalty folded into the reward")
 
 
+class AsyncConfig(Strict):
+    is_correction: Literal["none", "tis"] = Field(
+        "none", description="tis: weight the policy loss by min(p_learner / p_engine, is_cap), the gap between "
+                            "the sampling engine's log-probs (vLLM) and the learner's recompute of them")
+    is_cap: float = Field(2.0, gt=0, description="truncation of the importance weight")
+
+
 class DynamicSamplingConfig(Strict):
     enabled: bool = False
     oversample: float = Field(1.5, ge=1.0, description="sample this many times prompts_per_step groups; "
                                                       "train on the first prompts_per_step that carry signal")
+    max_rounds: int = Field(3, ge=1, description="sample further rounds of fresh prompts until prompts_per_step "
+                                                 "groups carry signal, at most this many rounds in all")
 
 
 class ReplayConfig(Strict):
@@ -158,12 +172,17 @@ class RLConfig(Strict):
     lr: float = Field(1e-4, gt=0)
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
+    clip_ratio_c: float | None = Field(None, gt=1, description="dual-clip (verl): cap a negative advantage's loss at "
+                                                               "-A * clip_ratio_c; null turns it off")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
     num_iterations: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
+    disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "
+                                                    "before the first update (false keeps the checkpoint's dropout)")
     kl: KLConfig = Field(default_factory=KLConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: list[RewardFnConfig] = Field(default_factory=lambda: [RewardFnConfig(fn="rewards.exact:exact_answer")])
@@ -312,77 +331,12 @@ class PipelineConfig(Strict):
         return Path(self.run_dir or f"runs/{self.name}")
 
 
-def apply_override(raw: dict, assignment: str) -> None:
-    """`a.b=c` sets raw['a']['b'] = yaml(c), creating intermediate tables."""
-    key, sep, value = assignment.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
-    node = raw
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {assignment!r}: {part} is not a table")
-    node[parts[-1]] = yaml.safe_load(value)
-
-
-def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "config"):
-    """(the mapping with `--set` overrides applied, the file's text); bad YAML names the file and line."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: {what} file not found")
-    text = path.read_text(encoding="utf-8")
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
-    for assignment in overrides:
-        apply_override(raw, assignment)
-    return raw, text
-
-
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
     raw, text = read_yaml_mapping(path, overrides)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, Path(path), text)) from None
-
-
-def _describe(exc: ValidationError, path: Path, text: str) -> str:
-    lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"])
-        line = _key_line(text, err["loc"])
-        where = f"{path}:{line}" if line else str(path)
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        lines.append(f"{where}: {field or '(top level)'}: {msg}")
-    return "\n".join(lines)
-
-
-def _key_line(text: str, loc: tuple) -> int | None:
-    """Line of the deepest YAML key on `loc` that exists in the file (None if none)."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = [(k, v) for k, v in node.value if k.value == str(part)]
-            if not match:
-                break
-            line, node = match[0][0].start_mark.line + 1, match[0][1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
+        raise ConfigError(describe_errors(exc, Path(path), text)) from None
 
 
 def flatten(cfg: BaseModel | dict, prefix: str = "") -> dict[str, str]:

@@ -78,6 +78,14 @@ def share(group_ids: list[int], rank: int, world: int) -> list[int]:
     return [i for i, g in enumerate(group_ids) if g in mine]
 
 
+def padded_share(group_ids: list[int], rank: int, world: int) -> tuple[list[int], float | None]:
+    """This process's rows, and a loss scale override. A process with no group (fewer groups kept
+    than processes) still runs forward and backward on one row at weight 0: DDP all-reduces
+    gradients in every backward, and a process that skipped it would hang the others."""
+    index = share(group_ids, rank, world)
+    return (index, None) if index else ([0], 0.0)
+
+
 def share_scale(exp, index: list[int], agg: str, world: int) -> float:
     """Multiplier that makes a share's mean loss its part of the whole batch's loss after DDP
     averages gradients over `world` processes (token_mean normalises by tokens, the others by sequences)."""
@@ -98,17 +106,19 @@ def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, d
     from hindsight.experience import Experience
     from hindsight.config import RLConfig
     from hindsight.learner import learner_settings, update
-    from hindsight.models import load_causal_lm
+    from hindsight.models import disable_dropout, load_causal_lm
 
     state = PartialState(cpu=not torch.cuda.is_available())
     rl_cfg = RLConfig.model_validate(rl)
     s = learner_settings(rl_cfg)
     model = load_causal_lm(policy_dir, dtype)
+    if rl_cfg.disable_dropout:
+        disable_dropout(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=rl_cfg.lr, weight_decay=0.0)
     optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
     exp = Experience(**torch.load(batch_file, weights_only=True))
-    index = share(exp.meta["groups"], state.process_index, state.num_processes)
-    scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes)
+    index, override = padded_share(exp.meta["groups"], state.process_index, state.num_processes)
+    scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes) if override is None else override
     ddp = DistributedDataParallel(model, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
     metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
     state.wait_for_everyone()

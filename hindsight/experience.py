@@ -20,7 +20,8 @@ class Experience:
     group_size: int
     rewards: torch.Tensor | None = None      # (B,) weighted total
     ref_logprobs: torch.Tensor | None = None  # (B, T)
-    advantages: torch.Tensor | None = None    # (B,)
+    advantages: torch.Tensor | None = None    # (B,) or (B, T)
+    engine_logprobs: torch.Tensor | None = None  # (B, T) a non-hf engine's own log-probs, for the IS weight
     meta: dict = field(default_factory=dict)
 
     @property

@@ -22,25 +22,36 @@ class MetricsLog:
         append_line(self.path, json.dumps(row))
 
     def read(self, upto: int | None = None) -> list[dict]:
-        """One merged dict per step, sorted by step; a torn last line (a crash mid-write) is skipped."""
-        if not self.path.exists():
-            return []
+        """One merged dict per step, sorted by step."""
         by_step: dict[int, dict] = {}
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            step = row.get("step")
-            if isinstance(step, int) and (upto is None or step <= upto):
-                by_step.setdefault(step, {}).update(row)
+        for row in read_rows(self.path, upto):
+            by_step.setdefault(row["step"], {}).update(row)
         return [by_step[s] for s in sorted(by_step)]
 
     def truncate_after(self, step: int) -> None:
         """Forget steps a resumed run will redo, so history never mixes two versions of a step."""
-        rows = self.read(upto=step)
-        if self.path.exists():
-            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+        truncate_rows_after(self.path, step)
+
+
+def read_rows(path: Path, upto: int | None = None) -> list[dict]:
+    """Every row of a step log (metrics, alerts) in order; a torn last line (a crash mid-write) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row.get("step"), int) and (upto is None or row["step"] <= upto):
+            rows.append(row)
+    return rows
+
+
+def truncate_rows_after(path: Path, step: int) -> None:
+    if Path(path).exists():
+        atomic_write_bytes(Path(path), "".join(json.dumps(r) + "\n" for r in read_rows(path, step)).encode())
 
 
 def _jsonable(v: float):

@@ -13,7 +13,7 @@ import torch
 
 from hindsight.algorithms import get_algorithm
 from hindsight.algorithms.base import AdvantageInputs, AlgorithmSettings
-from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss, value_loss
+from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss, tis_weights, value_loss
 from hindsight.critic import token_values
 from hindsight.experience import Experience
 from hindsight.logprobs import model_device, token_logprobs
@@ -28,6 +28,8 @@ class LearnerSettings:
     temperature: float = 1.0
     loss: LossSettings = LossSettings()
     reward_kl_coef: float = 0.0               # > 0 when `kl.in: reward`
+    is_correction: str = "none"               # tis: weight by the learner/engine probability ratio
+    is_cap: float = 2.0
 
     @property
     def estimator(self):
@@ -48,7 +50,8 @@ def learner_settings(rl) -> LearnerSettings:
     loss = _by_name(LossSettings, rl, kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
                     max_len=rl.rollout.max_new_tokens)
     return _by_name(LearnerSettings, rl, params=rl.algorithm_settings(), temperature=rl.rollout.temperature,
-                    loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef)
+                    loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef,
+                    is_correction=rl.async_.is_correction, is_cap=rl.async_.is_cap)
 
 
 def _by_name(cls, source, **derived):
@@ -59,7 +62,7 @@ def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
     """(B, T) KL of the behaviour policy from the reference, for the reward penalty."""
     if not s.reward_kl_coef or exp.ref_logprobs is None:
         return None
-    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator) * exp.completion_mask
+    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator, exp.completion_mask)
 
 
 def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor | None = None):
@@ -101,14 +104,21 @@ def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, loss_sca
     mask = exp.completion_mask
     logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
                                    s.temperature, with_entropy=True)             # (B, T), (B, T)
-    loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss, entropy)
+    is_w = None
+    if s.is_correction == "tis" and exp.engine_logprobs is not None:
+        is_w = tis_weights(exp.logprobs, exp.engine_logprobs, s.is_cap)         # (B, T)
+    loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss, entropy, is_w)
     optimizer.zero_grad(set_to_none=True)
     (loss * loss_scale).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
     optimizer.step()
     m = mask.to(entropy.dtype)
+    n = m.sum().clamp(min=1)
+    if is_w is not None:
+        stats.update({"is/mean": float((is_w * m).sum() / n), "is/max": float((is_w * m).max()),
+                      "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum() / n)})
     return {"loss": float(loss.detach()), "grad_norm": float(grad_norm),
-            "entropy": float((entropy.detach() * m).sum() / m.sum().clamp(min=1)), **stats}
+            "entropy": float((entropy.detach() * m).sum() / n), **stats}
 
 
 def _critic_step(critic, optimizer, exp: Experience, old_values, returns, s: LearnerSettings) -> dict:

@@ -52,8 +52,9 @@ def step_report_html(rl_dir: Path, step: int, tok, run_name: str, max_groups: in
     advantages = {a["index"]: a["advantage"] for a in store.read("advantages", shard)} \
         if store.has("advantages", shard) else {}
     metrics = next((h for h in MetricsLog(rl_dir / "metrics.jsonl").read() if h["step"] == step), {})
+    estimator = (read_json(rl_dir / "config.json", default={}) or {}).get("kl", {}).get("estimator", "k3")
     return render_step_report(run_name, step, rows, scores, advantages, metrics,
-                              lambda i: tok.decode([i]), max_groups)
+                              lambda i: tok.decode([i]), max_groups, estimator)
 
 
 def write_step_report(rl_dir: Path, step: int, tok, run_name: str, max_groups: int = 4,

@@ -68,6 +68,17 @@ def build_tiny_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, he
     return out_dir
 
 
+def disable_dropout(model) -> None:
+    """Dropout off in every module (TRL does the same for RL): rollouts sample in eval mode and
+    the update runs in train mode, so with dropout the ratio would not be 1 before any step."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for attr in ("attention_dropout", "dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop"):
+            if isinstance(getattr(module, attr, None), float):
+                setattr(module, attr, 0.0)
+
+
 def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/models",
                        field: str = "model.base") -> str:
     """`tiny://demo` builds (once) the demo model; a local path must exist; a hub id passes."""

@@ -33,13 +33,17 @@ def shade(logprob: float) -> str:
     return f"rgba(207,34,46,{alpha * 0.85:.3f})"
 
 
-def token_kl(logprob: float, ref_logprob: float) -> float:
-    """Per-token k3 KL(pi || ref) estimate, as the loss uses by default."""
-    log_ratio = ref_logprob - logprob
-    return math.exp(log_ratio) - log_ratio - 1.0
+def token_kl(logprob: float, ref_logprob: float, estimator: str = "k3") -> float:
+    """Per-token KL(pi || ref) with the run's own estimator (`rl.kl.estimator`), as the loss saw it."""
+    import torch
+
+    from hindsight.algorithms.losses import kl_estimate
+
+    return float(kl_estimate(torch.tensor([[logprob]]), torch.tensor([[ref_logprob]]), estimator))
 
 
-def token_spans(ids: list[int], logprobs: list[float], ref_logprobs: list[float] | None, decode) -> str:
+def token_spans(ids: list[int], logprobs: list[float], ref_logprobs: list[float] | None, decode,
+                kl_estimator: str = "k3") -> str:
     """One span per completion token; `decode(id)` gives the token's text."""
     out = []
     for k, (tid, lp) in enumerate(zip(ids, logprobs)):
@@ -49,8 +53,9 @@ def token_spans(ids: list[int], logprobs: list[float], ref_logprobs: list[float]
         title = f"logprob {lp:.3f} (p={math.exp(lp):.3f})"
         if ref_logprobs is not None and k < len(ref_logprobs):
             ref = ref_logprobs[k]
-            attrs += f' data-ref-logprob="{ref:.4f}" data-kl="{token_kl(lp, ref):.4f}"'
-            title += f" | ref {ref:.3f} | KL {token_kl(lp, ref):.4f}"
+            kl = token_kl(lp, ref, kl_estimator)
+            attrs += f' data-ref-logprob="{ref:.4f}" data-kl="{kl:.4f}"'
+            title += f" | ref {ref:.3f} | KL ({kl_estimator}) {kl:.4f}"
         out.append(f'<span class="tok" {attrs} title="{html.escape(title)}" '
                    f'style="background:{shade(lp)}">{shown}</span>')
     return "".join(out)
@@ -64,7 +69,7 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
-def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, float], decode) -> str:
+def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, float], decode, kl_estimator: str) -> str:
     fns = [k for k in scores[0] if k.startswith("reward_")]
     has_rm = any(s.get("rm_score") is not None for s in scores)
     head = "".join(f"<th>{html.escape(k.removeprefix('reward_'))}</th>" for k in fns)
@@ -75,7 +80,7 @@ def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, flo
                         f'{_fmt(s[k])}</td>' for k in fns)
         cells += f'<td class="num reward-rm">{_fmt(s.get("rm_score"))}</td>' if has_rm else ""
         adv = advantages.get(r["index"])
-        spans = token_spans(r["completion_ids"], r["logprobs"], s.get("ref_logprobs"), decode)
+        spans = token_spans(r["completion_ids"], r["logprobs"], s.get("ref_logprobs"), decode, kl_estimator)
         eos = "" if r["ended_with_eos"] else ' <span class="bad" title="no EOS">(truncated)</span>'
         body.append(f'<tr class="completion-row" data-index="{r["index"]}"><td class="completion">{spans}{eos}</td>'
                     f'<td class="num reward" data-reward="{s["reward"]:.6g}">{_fmt(s["reward"])}</td>{cells}'
@@ -85,7 +90,7 @@ def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, flo
 
 
 def render_step_report(run_name: str, step: int, rows: list[dict], scores: list[dict], advantages: dict[int, float],
-                       metrics: dict, decode, max_groups: int = 4) -> str:
+                       metrics: dict, decode, max_groups: int = 4, kl_estimator: str = "k3") -> str:
     """The report for RL step `step` (1-based, as in MLflow): its rollouts, rewards and advantages."""
     groups: dict[int, list[int]] = {}
     for j, r in enumerate(rows):
@@ -97,7 +102,8 @@ def render_step_report(run_name: str, step: int, rows: list[dict], scores: list[
         replay = " (replayed hard example)" if first.get("replayed") else ""
         sections.append(f'<section class="group" data-group="{g}"><h2>prompt {html.escape(str(first["prompt_id"]))}'
                         f'{replay}</h2><div class="prompt">{html.escape(first["prompt"])}</div>'
-                        + _group_table([rows[j] for j in idx], [scores[j] for j in idx], advantages, decode)
+                        + _group_table([rows[j] for j in idx], [scores[j] for j in idx], advantages, decode,
+                                       kl_estimator)
                         + "</section>")
     summary = "".join(f"<tr><th>{html.escape(k)}</th><td class='num metric' data-metric='{html.escape(k)}'>"
                       f"{_fmt(metrics[k])}</td></tr>" for k in SUMMARY_KEYS if k in metrics)

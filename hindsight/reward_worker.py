@@ -24,9 +24,9 @@ def _serve(conn) -> None:
         msg = conn.recv()
         if msg is None:
             return
-        spec, completions, columns = msg
+        spec, kwargs = msg
         try:
-            conn.send(("ok", list(load_reward_fn(spec)(completions, **columns))))
+            conn.send(("ok", list(load_reward_fn(spec)(**kwargs))))
         except Exception as exc:  # reported to the parent, which applies the fallback
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -44,9 +44,10 @@ class RewardWorker:
         self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="hindsight-rewards")
         self._proc.start()
 
-    def call(self, spec: str, completions: list, columns: dict, timeout_s: float) -> list:
+    def call(self, spec: str, kwargs: dict, timeout_s: float) -> list:
+        """`fn(**kwargs)` in the worker process, bounded by `timeout_s`."""
         self._ensure()
-        self._conn.send((spec, completions, columns))
+        self._conn.send((spec, kwargs))
         if not self._conn.poll(timeout_s):
             self.close(kill=True)
             raise RewardTimeout(f"reward {spec} ran past its {timeout_s:g}s timeout")

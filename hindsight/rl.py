@@ -18,21 +18,24 @@ import torch
 from hindsight.alerts import Alert, AlertMonitor
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
-from hindsight.errors import CheckpointError
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
 from hindsight.experience import Experience, pad_left, pad_right
-from hindsight.fsutil import append_line
-from hindsight.history import MetricsLog
+from hindsight.fsutil import append_line, atomic_write_json
+from hindsight.history import MetricsLog, truncate_rows_after
+from hindsight.resume import check_compatible, lr_multiplier
 from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
-from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
+from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
 from hindsight.rollout.hf import generate
 from hindsight.scoring import load_reward_fn, score_completions
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
+
+
+ROUND_SEED_STRIDE = 1_000_000_007  # further dynamic-sampling rounds draw far from every step's seed
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -48,28 +51,6 @@ def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int
         random.Random(f"{seed}-{epoch}").shuffle(order)
         out.append(order[pos])
     return out
-
-
-def check_compatible(manifest: dict, fingerprint: dict, run_dir: Path) -> None:
-    """Refuse to resume state produced under settings that change what was stored."""
-    stored = manifest.get("fingerprint")
-    if not stored:
-        return
-    # keys added by a later hindsight version are absent from older state: those ran with the default
-    diff = sorted(k for k in stored if stored.get(k) != fingerprint.get(k))
-    if diff:
-        detail = ", ".join(f"{k}: stored {stored.get(k)!r}, config {fingerprint.get(k)!r}" for k in diff)
-        raise CheckpointError(f"{run_dir}: cannot resume, the stored state is incompatible ({detail}); "
-                              f"rerun with --force-new-run to move it aside and start over")
-
-
-def archive_run_dir(run_dir: Path) -> Path | None:
-    """--force-new-run: move old state aside (never delete it) so the run starts fresh."""
-    if not run_dir.exists():
-        return None
-    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(target)
-    return target
 
 
 class RLRun:
@@ -93,18 +74,27 @@ class RLRun:
         start = self.ckpt.latest_step()
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)
+        if self.rl.disable_dropout:
+            disable_dropout(self.policy)
         self.ref = load_causal_lm(init_path, cfg.model.dtype).eval() if self.rl.kl.coef > 0 else None
         self.rm = load_reward_model(rm_path).eval() if rm_path and self.rl.reward_model_weight > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
+        self.lr_multiplier = 1.0  # the product of every `lower_lr` alert's factor so far
         if start:
             self.ckpt.load_optimizer(start, self.optimizer)
+            self.ckpt.restore_rng(start)
+            self.lr_multiplier = lr_multiplier(self.dir / "alerts.jsonl", start)
+            self._set_lr()  # the configured rl.lr applies on resume, not the rate stored in the optimizer
         self.start_step = start or 0
+        atomic_write_json(self.dir / "config.json", self.rl.model_dump(mode="json", by_alias=True))
         self.settings = learner_settings(self.rl)
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+        self._early_rewards = None  # (step, rows, rewards) computed while dynamic sampling, reused by score
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
+        truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
 
     def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
@@ -117,6 +107,8 @@ class RLRun:
         torch.manual_seed(self.cfg.seed)  # a fresh value head starts the same way every run
         critic = load_reward_model(source, self.cfg.model.dtype)
         critic.config.pad_token_id = self.tok.pad_token_id
+        if self.rl.disable_dropout:
+            disable_dropout(critic)
         optimizer = torch.optim.AdamW(critic.parameters(), lr=p.critic_lr, weight_decay=0.0)
         if start:
             self.ckpt.load_optimizer(start, optimizer, "critic_optimizer")
@@ -124,36 +116,76 @@ class RLRun:
 
     # --- rollout ------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[Path, dict]:
+        """Sample the step's groups. With dynamic sampling, sample further rounds of fresh
+        prompts (DAPO) until `prompts_per_step` groups carry a signal or `max_rounds` is reached."""
         if self.store.has("rollouts", step):
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
         batch, metrics = self.select_prompts(step)
         t0 = time.perf_counter()
-        exp = self._generate([b["prompt"] for b in batch], step)
+        rows, n_tokens = self._sample(batch, step, 0, [])
+        rounds, ds = 1, self.rl.dynamic_sampling
+        while ds.enabled and rounds < ds.max_rounds and self._signal_groups(step, rows) < self.rl.prompts_per_step:
+            more, n = self._sample(self.round_prompts(step, rounds), step, rounds, rows)
+            rows, n_tokens, rounds = rows + more, n_tokens + n, rounds + 1
         seconds = time.perf_counter() - t0
+        if ds.enabled:
+            metrics["dynamic_sampling/rounds"] = float(rounds)
+        crash_point("rollout", step)
+        metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
+        return self.store.write("rollouts", step, rows), metrics
+
+    def _sample(self, batch: list[dict], step: int, round_: int, before: list[dict]) -> tuple[list[dict], int]:
+        """Rows for `batch`'s groups, numbered after the rows sampled `before` in this step."""
+        exp = self._generate([b["prompt"] for b in batch], step, round_)
+        if self.rl.rollout.backend != "hf":
+            exp = self._learner_logprobs(exp)
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
+        first_group = before[-1]["group"] + 1 if before else 0
         rows = []
         for j in range(len(exp)):
             src = batch[j // exp.group_size]
             n = int(exp.completion_mask[j].sum())
             rows.append({
-                "step": step, "index": j, "group": j // exp.group_size, "prompt_id": str(src["id"]),
-                "replayed": bool(src.get("_replayed")),
+                "step": step, "index": len(before) + j, "group": first_group + j // exp.group_size,
+                "round": round_, "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")),
                 "prompt": src["prompt"], "completion": texts[j],
                 "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
                 "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
+                "engine_logprobs": exp.engine_logprobs[j, :n].tolist() if exp.engine_logprobs is not None else None,
                 "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
                 "columns": json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")}),
             })
-        n_tokens = int(exp.completion_mask.sum())
-        crash_point("rollout", step)
-        metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
-        return self.store.write("rollouts", step, rows), metrics
+        return rows, int(exp.completion_mask.sum())
 
-    def _generate(self, prompts: list[str], step: int) -> Experience:
+    def _learner_logprobs(self, exp: Experience) -> Experience:
+        """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as
+        TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
+        renormalised over the nucleus. The engine's are kept for the optional IS weight."""
+        self.policy.eval()
+        with torch.no_grad():
+            logp, _ = token_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
+                                     self.rl.rollout.temperature)                     # (B, T)
+        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp.cpu() * exp.completion_mask
+        return exp
+
+    def _signal_groups(self, step: int, rows: list[dict]) -> int:
+        """How many of the rows' groups have rewards that differ (their rewards are kept for `score`)."""
+        self._early_rewards = (step, len(rows), self._rewards(rows))
+        kept, _ = signal_groups(self._early_rewards[2][0], self.rl.samples_per_prompt, len(rows))
+        return len(kept)
+
+    def round_prompts(self, step: int, round_: int) -> list[dict]:
+        """Fresh prompts for a further dynamic-sampling round: a cursor of its own per round."""
+        n = math.ceil(self.rl.prompts_per_step * self.rl.dynamic_sampling.oversample)
+        idx = prompt_indices(len(self.rows), n, step, f"{self.cfg.seed}-round{round_}")
+        return [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
+
+    def _generate(self, prompts: list[str], step: int, round_: int = 0) -> Experience:
         r = self.rl.rollout
+        seed = step_seed(self.cfg.seed, step) + round_ * ROUND_SEED_STRIDE
         if r.backend == "hf":
             return generate(self.policy, self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens,
-                            r.temperature, r.top_p, seed=step_seed(self.cfg.seed, step))
+                            r.temperature, r.top_p, seed=seed)
         if self.engine is None:
             from hindsight.rollout.vllm import VLLMEngine
 
@@ -164,7 +196,7 @@ class RLRun:
             self.engine.load_weights(self.policy)
             self.engine_stale = False
         return self.engine.generate(self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens, r.temperature,
-                                    r.top_p, seed=step_seed(self.cfg.seed, step))
+                                    r.top_p, seed=seed)
 
     def select_prompts(self, step: int) -> tuple[list[dict], dict]:
         """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
@@ -181,7 +213,9 @@ class RLRun:
         shards = [(self.store.read("rollouts", s), self.store.read("scores", s)) for s in past]
         keep = batch[: len(batch) - n_replay]
         hard = pick_hard_examples(shards, n_replay, self.rl.replay.priority, {b["id"] for b in keep})
-        batch = keep + [{**h, "_replayed": True} for h in hard] + batch[len(keep) + len(hard):]
+        # replayed groups first: dynamic sampling trains the first groups with a signal, and a
+        # replayed prompt at the tail of an oversampled batch would never be trained
+        batch = [{**h, "_replayed": True} for h in hard] + keep + batch[len(keep) + len(hard):]
         return batch, {"replay/count": float(len(hard)), "replay/ratio": len(hard) / len(batch),
                        "replay/ids": [h["id"] for h in hard]}
 
@@ -191,21 +225,17 @@ class RLRun:
             return self.store.path("scores", step), {}
         t0 = time.perf_counter()
         rows = self.store.read("rollouts", step)
-        columns = [json.loads(r["columns"]) for r in rows]
-        keys = sorted({k for c in columns for k in c})
-        result = score_completions([(f.fn, f.weight) for f in self.rl.rewards], [r["completion"] for r in rows],
-                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
-                                   self.reward_worker, self.rl.reward_timeout_s)
+        early = self._early_rewards
+        totals, result, rm = early[2] if early and early[:2] == (step, len(rows)) else self._rewards(rows)
         exp = self.experience_from_rows(rows)
         ref = None
-        with torch.no_grad():
-            if self.ref is not None:
+        if self.ref is not None:
+            with torch.no_grad():
                 ref, _ = token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
                                         self.rl.rollout.temperature)
-            rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist() if self.rm else None
         out = []
         for j, r in enumerate(rows):
-            total = result.total[j] + (self.rl.reward_model_weight * rm[j] if rm else 0.0)
+            total = totals[j]
             n = len(r["completion_ids"])
             out.append({"step": step, "index": j, "reward": total, "rm_score": rm[j] if rm else None,
                         **{f"reward_{k}": v[j] for k, v in result.per_fn.items()},
@@ -214,6 +244,22 @@ class RLRun:
         metrics["time/score_s"] = time.perf_counter() - t0
         crash_point("score", step)
         return self.store.write("scores", step, out), metrics
+
+    def _rewards(self, rows: list[dict]):
+        """(weighted totals, the reward functions' result, reward-model scores or None) for stored rows."""
+        columns = [json.loads(r["columns"]) for r in rows]
+        keys = sorted({k for c in columns for k in c})
+        result = score_completions(self.rl.rewards, [r["completion"] for r in rows],
+                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
+                                   self.reward_worker, self.rl.reward_timeout_s, prompts=[r["prompt"] for r in rows],
+                                   completion_ids=[list(r["completion_ids"]) for r in rows])
+        rm = None
+        if self.rm is not None:
+            exp = self.experience_from_rows(rows)
+            with torch.no_grad():
+                rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist()
+        totals = [t + (self.rl.reward_model_weight * rm[j] if rm else 0.0) for j, t in enumerate(result.total)]
+        return totals, result, rm
 
     def close(self) -> None:
         if self.reward_worker is not None:
@@ -225,6 +271,8 @@ class RLRun:
         completion_ids, mask = pad_right([r["completion_ids"] for r in rows], self.tok.pad_token_id)
         logprobs, _ = pad_right([r["logprobs"] for r in rows], 0.0, dtype=torch.float32)
         exp = Experience(prompt_ids, prompt_mask, completion_ids, mask, logprobs, self.rl.samples_per_prompt)
+        if rows[0].get("engine_logprobs") is not None:
+            exp.engine_logprobs, _ = pad_right([r["engine_logprobs"] for r in rows], 0.0, dtype=torch.float32)
         if scores is not None:
             exp.rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
             if scores[0]["ref_logprobs"] is not None:
@@ -245,6 +293,7 @@ class RLRun:
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
         metrics.update(rollout_metrics(rows, scores, self.rl.samples_per_prompt, self.rl.rollout.max_new_tokens))
         metrics.update({"time/update_s": time.perf_counter() - t0, "lr": self.optimizer.param_groups[0]["lr"],
+                        "lr/alert_multiplier": self.lr_multiplier,
                         **peak_memory()})
         crash_point("update", step)
         done = step + 1
@@ -271,6 +320,8 @@ class RLRun:
             rl=self.rl.model_dump(by_alias=True), dtype=self.cfg.model.dtype, out_dir=str(work / "out")),
             res.num_processes, res.accelerate_config, workdir=work)
         self.policy = load_causal_lm(str(work / "out"), self.cfg.model.dtype)
+        if self.rl.disable_dropout:
+            disable_dropout(self.policy)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
         self.optimizer.load_state_dict(torch.load(work / "out" / "optimizer.pt", weights_only=True))
         return metrics
@@ -284,17 +335,22 @@ class RLRun:
         self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint},
                        self.critic, self.critic_optimizer)
 
+    def _set_lr(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rl.lr * self.lr_multiplier
+
     # --- look back ----------------------------------------------------------------------
     def observe(self, done: int, metrics: dict) -> list[Alert]:
         """Record step `done`'s metrics on disk and run the alert rules; applies `lower_lr` here
-        (the lowered rate is in the optimizer state, so it survives a checkpoint and resume)."""
+        (as a multiplier of rl.lr saved with each checkpoint, so it survives a resume that
+        changes rl.lr)."""
         self.history.append(done, metrics)
         fired = self.monitor.observe(done, metrics)
         for alert in fired:
             append_line(self.dir / "alerts.jsonl", json.dumps(alert.to_dict()))
             if alert.action == "lower_lr":
-                for group in self.optimizer.param_groups:
-                    group["lr"] *= alert.factor
+                self.lr_multiplier *= alert.factor
+                self._set_lr()
         return fired
 
     def _train_groups(self, rows: list[dict], scores: list[dict]) -> tuple[list[dict], list[dict], dict]:
@@ -305,7 +361,8 @@ class RLRun:
         kept, dropped = signal_groups([s["reward"] for s in scores], size, self.rl.prompts_per_step)
         take = [j for g in kept for j in range(g * size, (g + 1) * size)]
         return [rows[j] for j in take], [scores[j] for j in take], {
-            "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept))}
+            "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept)),
+            "replay/trained": float(sum(rows[g * size]["replayed"] for g in kept))}
 
 
 def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:

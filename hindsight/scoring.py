@@ -35,6 +35,31 @@ def reward_name(spec: str) -> str:
     return spec.rpartition(":")[2]
 
 
+@dataclass(frozen=True)
+class RewardCall:
+    """One configured reward: `fn` ('module:function'), its weight, its own keyword arguments
+    (`args:` in YAML) and the unique name its scores and metrics are keyed by."""
+    fn: str
+    weight: float = 1.0
+    args: dict = field(default_factory=dict)
+    name: str = ""
+
+
+def reward_calls(items) -> list[RewardCall]:
+    """RewardFnConfig entries, (fn, weight) pairs or RewardCalls -> calls with unique names: a
+    second reward with the same function name is keyed NAME_2, so their metrics never collide."""
+    calls, seen = [], {}
+    for item in items:
+        if isinstance(item, tuple):
+            item = RewardCall(*item)
+        name = getattr(item, "name", None) or reward_name(item.fn)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name = f"{name}_{seen[name]}"
+        calls.append(RewardCall(item.fn, item.weight, dict(getattr(item, "args", None) or {}), name))
+    return calls
+
+
 @dataclass
 class ScoreResult:
     total: list[float]
@@ -42,35 +67,43 @@ class ScoreResult:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-def score_completions(specs: list[tuple[str, float]], completions: list[str], columns: dict[str, list],
-                      fallback: float = 0.0, worker=None, timeout_s: float = 60.0) -> ScoreResult:
-    """Weighted sum of reward functions. `columns` map a dataset field to one value per completion.
+def score_completions(specs, completions: list[str], columns: dict[str, list], fallback: float = 0.0,
+                      worker=None, timeout_s: float = 60.0, prompts: list[str] | None = None,
+                      completion_ids: list[list[int]] | None = None) -> ScoreResult:
+    """Weighted sum of reward functions, each called as TRL calls it: by keyword, with
+    `prompts=`, `completions=`, `completion_ids=`, every dataset column (one value per
+    completion) and the reward's own `args`.
 
     With a `RewardWorker`, each call runs in its process and is bounded by `timeout_s`;
     without one, calls run inline (for tests and trusted rewards).
     """
+    batch = {**columns, "completions": completions}
+    if prompts is not None:
+        batch["prompts"] = prompts
+    if completion_ids is not None:
+        batch["completion_ids"] = completion_ids
     per_fn: dict[str, list[float]] = {}
     failures: dict[str, int] = {}
     total = [0.0] * len(completions)
-    for spec, weight in specs:
-        name = reward_name(spec)
-        fn = load_reward_fn(spec)  # import errors surface here, in the parent, as a config error
+    for call in reward_calls(specs):
+        fn = load_reward_fn(call.fn)  # import errors surface here, in the parent, as a config error
         if worker is not None:
-            fn = _remote(worker, spec, timeout_s)
-        scores, n_failed = _call_reward(spec, fn, completions, columns, fallback)
-        per_fn[name] = scores
-        failures[name] = n_failed
-        total = [t + weight * s for t, s in zip(total, scores)]
+            fn = _remote(worker, call.fn, timeout_s)
+        scores, n_failed = _call_reward(call.fn, fn, {**batch, **call.args}, fallback)
+        per_fn[call.name] = scores
+        failures[call.name] = n_failed
+        total = [t + call.weight * s for t, s in zip(total, scores)]
     return ScoreResult(total, per_fn, failures)
 
 
 def _remote(worker, spec: str, timeout_s: float):
-    return lambda completions, **columns: worker.call(spec, completions, columns, timeout_s)
+    return lambda **kwargs: worker.call(spec, kwargs, timeout_s)
 
 
-def _call_reward(spec, fn, completions, columns, fallback) -> tuple[list[float], int]:
+def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int]:
+    completions = kwargs["completions"]
     try:
-        raw = fn(completions, **columns)
+        raw = fn(**kwargs)
     except Exception as exc:  # the contract: a broken reward costs its scores, not the run
         log.warning("reward %s raised %s: %s (first completion: %r)", spec, type(exc).__name__, exc,
                     completions[0] if completions else None)

@@ -16,7 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from hindsight.config import PipelineConfig, Strict, _describe, load_config, read_yaml_mapping
+from hindsight.config import PipelineConfig, Strict, load_config
+from hindsight.yamlfile import describe_errors, read_yaml_mapping
 from hindsight.errors import ConfigError
 
 
@@ -64,7 +65,7 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple = ()) -> tuple[Swe
     try:
         sweep = SweepConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path, text)) from None
+        raise ConfigError(describe_errors(exc, path, text)) from None
     base_path = (path.parent / sweep.base).resolve()
     base = load_config(base_path, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                                    for k, v in sweep.set.items()])

@@ -11,11 +11,17 @@ from rewards import completion_text
 
 
 def _reference(answer: str) -> str:
+    """The gold answer as math-verify expects to parse it: delimited. MATH-style datasets store
+    bare LaTeX (`\\frac{1}{2}`, `\\pi`), which math-verify's LaTeX extraction does not find
+    without `$...$`; GSM8K's final answer follows `####`."""
     answer = str(answer)
     if "####" in answer:
         answer = answer.split("####")[-1]
-    answer = answer.strip().replace(",", "")
-    return answer if answer.startswith("$") or "\\" in answer else f"${answer}$"
+    answer = _THOUSANDS.sub("", answer.strip())
+    return answer if answer.startswith("$") or "\\boxed" in answer else f"${answer}$"
+
+
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # 1,000 -> 1000; an interval's "(1, 3]" keeps its comma
 
 
 def _set_of_values(text: str) -> set[str] | None:
@@ -26,6 +32,9 @@ def _set_of_values(text: str) -> set[str] | None:
 
 
 def is_equivalent(prediction: str, reference: str) -> bool:
+    """math-verify's verdict, with one deliberate difference: an answer set written without
+    braces ("x=2 or x=3", "1, 2") is unordered here, while math-verify reads it as an ordered
+    tuple; the order a model lists roots in is not an error."""
     from math_verify import parse, verify
 
     gold = parse(_reference(reference))

@@ -15,7 +15,7 @@ from hindsight.models import load_causal_lm, load_tokenizer
 from hindsight.report import render_versions_report, text_table
 from hindsight.stage import model_name
 from tasks import tracking
-from tasks.stages import eval_rows
+from tasks.stages import eval_rows, judge_worker
 
 
 def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Path:
@@ -31,7 +31,9 @@ def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Pa
     answers = {}
     for label, path in models:
         model = load_causal_lm(path, cfg.model.dtype).eval()
-        answers[label] = judge(model, load_tokenizer(path), rows, cfg.eval.reward, cfg.eval.max_new_tokens)
+        with judge_worker(cfg) as worker:
+            answers[label] = judge(model, load_tokenizer(path), rows, cfg.eval.reward, cfg.eval.max_new_tokens,
+                                   worker, cfg.rl.reward_timeout_s, cfg.rl.reward_fallback)
         del model
     out = cfg.root / "rl" / "reports" / "versions.html"
     atomic_write_bytes(out, render_versions_report(cfg.name, [r["prompt"] for r in rows], answers).encode("utf-8"))

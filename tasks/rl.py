@@ -60,4 +60,4 @@ def report_task(key: str, done: int) -> list[str]:
 @task(name="evaluate")
 def evaluate_task(key: str) -> float:
     run = get_run(key)
-    return evaluate_model(run.cfg, run.policy, run.tok)
+    return evaluate_model(run.cfg, run.policy, run.tok, run.reward_worker)

@@ -6,6 +6,7 @@ retried by `flows.common.run_declared`. The helpers below are what stories call 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 from prefect import task
 
@@ -40,10 +41,29 @@ def eval_rows(cfg: PipelineConfig) -> list[dict]:
                      columns=cfg.data.columns or None, limit=cfg.eval.limit)
 
 
-def evaluate_model(cfg: PipelineConfig, model, tok) -> float:
-    """Held-out accuracy with the config's eval settings; every stage reports it the same way."""
-    acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens)
+def evaluate_model(cfg: PipelineConfig, model, tok, worker=None) -> float:
+    """Held-out accuracy with the config's eval settings; every stage reports it the same way.
+    The judge runs guarded like any reward: in `worker`, or in a worker of its own when
+    rl.reward_isolation is `process`."""
+    with judge_worker(cfg, worker) as w:
+        acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens, w,
+                          cfg.rl.reward_timeout_s, cfg.rl.reward_fallback)
     return acc
+
+
+@contextmanager
+def judge_worker(cfg: PipelineConfig, worker=None):
+    """The given reward worker, or a fresh one for this evaluation (closed after), or None inline."""
+    if worker is not None or cfg.rl.reward_isolation != "process":
+        yield worker
+        return
+    from hindsight.reward_worker import RewardWorker
+
+    own = RewardWorker()
+    try:
+        yield own
+    finally:
+        own.close()
 
 
 def evaluate_path(cfg: PipelineConfig, path: str) -> float:

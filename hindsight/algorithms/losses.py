@@ -9,12 +9,21 @@ from dataclasses import dataclass
 import torch
 
 
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+LOG_RATIO_CLAMP = 20.0  # verl's and OpenRLHF's bound: exp(20) is finite in float32, exp(89) is not
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3",
+                mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token KL(pi || ref) estimate from samples of pi (Schulman's k1/k2/k3).
 
-    logp, ref_logp: (B, T). Returns (B, T). k3 is unbiased and always >= 0.
+    logp, ref_logp, mask: (B, T). Returns (B, T), 0 where mask is 0. k3 is unbiased and
+    always >= 0. Padding is masked before the exponential: there the reference is padded with
+    0.0 while the policy's log-prob of the pad token can be far below -89, and exp(inf) * 0
+    would be NaN in the loss and every gradient.
     """
-    log_ratio = ref_logp - logp                                   # (B, T)  log(ref/pi)
+    log_ratio = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)    # (B, T)  log(ref/pi)
+    if mask is not None:
+        log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
     if estimator == "k1":
         return -log_ratio
     if estimator == "k2":
@@ -25,15 +34,28 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3
 
 
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's pessimistic clipped objective, negated into a loss, with DAPO's asymmetric clip.
+                      eps_low: float, eps_high: float, clip_ratio_c: float | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic clipped objective, negated into a loss, with DAPO's asymmetric clip and
+    verl's optional dual-clip: for a negative advantage the loss is capped at -A * clip_ratio_c,
+    so one token whose ratio exploded cannot dominate the step.
 
     logp, old_logp: (B, T); advantages: (B,) or (B, T). Returns (loss (B, T), ratio (B, T)).
     """
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
     ratio = torch.exp(logp - old_logp)                            # (B, T)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)       # (B, T)
-    return -torch.min(ratio * adv, clipped * adv), ratio
+    loss = -torch.min(ratio * adv, clipped * adv)                 # (B, T)
+    if clip_ratio_c is not None:
+        loss = torch.where(adv < 0, torch.min(loss, -adv * clip_ratio_c), loss)
+    return loss, ratio
+
+
+def tis_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: the learner's behaviour probability over the sampling
+    engine's, capped, corrects the gap between the two (a different dtype and kernels, a
+    nucleus renormalisation). old_logp, engine_logp: (B, T). Returns (B, T), no gradient."""
+    return torch.exp(old_logp - engine_logp).clamp(max=cap).detach()
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
@@ -63,17 +85,23 @@ class LossSettings:
     loss_agg: str = "seq_mean_token_mean"
     max_len: int | None = None
     entropy_coef: float = 0.0
+    clip_ratio_c: float | None = None
 
 
-def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None):
+def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None, is_weights=None):
     """Clipped surrogate, plus KL-in-loss, minus an entropy bonus. All inputs (B, T) except
     advantages, (B,) or (B, T). `kl_coef` here is the in-loss coefficient (0 when the KL
-    penalty lives in the reward instead).
+    penalty lives in the reward instead). The KL and entropy terms are added per token before
+    the aggregation, so they are reduced exactly as the policy loss is (`loss_agg`).
+    `is_weights` (B, T), when given, weight the surrogate only, as TRL does.
 
     Returns the scalar loss and detached statistics for logging.
     """
-    per_token, ratio = clipped_surrogate(logp, old_logp, advantages, s.clip_eps_low, s.clip_eps_high)  # (B, T)
-    kl = kl_estimate(logp, ref_logp, s.kl_estimator) if ref_logp is not None else torch.zeros_like(logp)
+    per_token, ratio = clipped_surrogate(logp, old_logp, advantages, s.clip_eps_low, s.clip_eps_high,
+                                         s.clip_ratio_c)                                  # (B, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights
+    kl = kl_estimate(logp, ref_logp, s.kl_estimator, mask) if ref_logp is not None else torch.zeros_like(logp)
     if s.kl_coef:
         per_token = per_token + s.kl_coef * kl
     if s.entropy_coef and entropy is not None:
@@ -90,6 +118,8 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, ent
         "approx_kl": float((0.5 * (logp - old_logp).pow(2) * m).sum() / n),
         "ratio_mean": float((ratio * m).sum() / n),
     }
+    if s.clip_ratio_c is not None:
+        stats["dual_clip_fraction"] = float((((ratio > s.clip_ratio_c) & (adv < 0)).to(m.dtype) * m).sum() / n)
     return loss, stats
 
 

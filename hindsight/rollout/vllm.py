@@ -2,9 +2,11 @@
 
 One engine stays resident for the whole RL stage. After each update the policy's new weights
 are pushed into it in place (vLLM's `load_weights`, as TRL's colocate mode does), so the
-engine is never restarted. Log-probs come back from vLLM already processed by temperature
-(`logprobs_mode="processed_logprobs"`), which is what the learner's importance ratio compares
-against. Not run on the CPU development machine: `bench/gpu_check.sh` exercises it on a GPU.
+engine is never restarted. Log-probs come back from vLLM processed by temperature and top-p
+(`logprobs_mode="processed_logprobs"`); the RL stage recomputes the behaviour log-probs with
+the training model (the ratio's anchor) and keeps these only for the optional truncated
+importance-sampling weight. Not run on the CPU development machine: `bench/gpu_check.sh`
+exercises it on a GPU.
 """
 from __future__ import annotations
 

@@ -75,9 +75,15 @@ def test_rerun_reuses_cached_stages_and_rl_alone_resolves_registry(smoke_run):
     again = _hindsight(["run", "pipeline", "-c", str(ROOT / "configs/smoke.yaml")], work, env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("Cached(type=COMPLETED)") + again.stderr.count("Cached(type=COMPLETED)") >= 3
+    # the summary's `cached` column is Prefect's own state: every stage came from the cache
+    for stage in ("sft", "reward-model", "rl", "negative-ft"):
+        row = next(line for line in again.stdout.splitlines() if line.startswith(f"│ {stage} "))
+        assert row.rstrip("│ ").endswith("yes"), row
     # rl alone, in a new process, resolving smoke-sft@latest from the registry; --force reruns it
     alone = _hindsight(["run", "rl", "-c", str(ROOT / "configs/smoke.yaml"), "--force",
                         "--set", "run_dir=runs/smoke-alone"], work, env)
     assert alone.returncode == 0, alone.stderr[-3000:]
+    forced = next(line for line in alone.stdout.splitlines() if line.startswith("│ rl "))
+    assert forced.rstrip("│ ").endswith("no"), forced  # --force trained anew: not a cache hit
     client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
     assert str(client.get_model_version_by_alias("smoke-policy", "latest").version) == "2"

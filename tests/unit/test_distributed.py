@@ -78,10 +78,11 @@ def varied(completions, **_):
 
 
 @pytest.mark.integration  # accelerate launch: 2 processes
-@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
-def test_rl_update_two_processes_equal_one(setup, tmp_path, agg):
+@pytest.mark.parametrize("agg,prompts", [("seq_mean_token_mean", 4), ("token_mean", 4), ("token_mean", 1)])
+def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
     """The RL stage's own update: 1 process, and 2 under `accelerate launch` (each a share of
-    the groups, advantages from the whole batch), on the same stored rollouts."""
+    the groups, advantages from the whole batch), on the same stored rollouts. With one
+    group per step, one process has an empty share and must still take part."""
     from hindsight.config import PipelineConfig
     from hindsight.rl import RLRun
 
@@ -92,7 +93,8 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg):
             "name": "d", "run_dir": str(tmp_path / f"p{n}"), "resources": {"num_processes": n},
             "sft": {"batch_size": 8}, "reward_model": {"batch_size": 8},
             "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-            "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline", "lr": 1e-2,
+            "rl": {"steps": 2, "prompts_per_step": prompts, "samples_per_prompt": 4, "reward_isolation": "inline",
+                   "lr": 1e-2,
                    "loss_agg": agg, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_distributed:varied"}]}})
         run = RLRun(cfg, init, None)
         for step in range(2):
@@ -105,10 +107,17 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg):
     a, b = one.policy.state_dict(), two.policy.state_dict()
     start = load_file(f"{init}/model.safetensors")
     assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3
-    print(f"rl update ({agg}): 1 vs 2 processes max |diff| {max_diff(a, b):.2e}")
+    print(f"rl update ({agg}, {prompts} groups): 1 vs 2 processes max |diff| {max_diff(a, b):.2e}")
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), max_diff(a, b)  # measured: 8.5e-07
     assert two.optimizer.state_dict()["state"][0]["step"] == 2  # the optimizer state came back too
     assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)  # clipped on the all-reduced gradient
+
+
+def test_an_empty_share_takes_part_with_a_zero_weight():
+    from hindsight.distributed import padded_share
+
+    assert padded_share([0, 0, 0], 1, 2) == ([0], 0.0)  # one group, two processes: a zero-weighted stand-in row
+    assert padded_share([0, 0, 1, 1], 1, 2) == ([2, 3], None)
 
 
 def test_share_and_scale_by_hand():

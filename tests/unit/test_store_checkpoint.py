@@ -49,7 +49,7 @@ def test_prompt_cursor_is_a_pure_function_of_step():
 
 def test_incompatible_resume_names_the_differing_keys(tmp_path):
     from hindsight.errors import CheckpointError
-    from hindsight.rl import archive_run_dir, check_compatible
+    from hindsight.resume import archive_run_dir, check_compatible
 
     stored = {"fingerprint": {"init": "m", "algorithm": "grpo", "samples_per_prompt": 8}}
     check_compatible(stored, {"init": "m", "algorithm": "grpo", "samples_per_prompt": 8}, tmp_path)

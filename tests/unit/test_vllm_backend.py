@@ -80,3 +80,58 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
     for a, b in zip(engine.model.parameters(), run.policy.parameters()):
         assert not torch.equal(a, b)  # step 1's update happened after the engine last synced
     run.close()
+
+
+class NucleusEngine(StandInEngine):
+    """Returns log-probs renormalised over a nucleus of mass 0.72, as vLLM's processed log-probs
+    are with top_p < 1: each one log(1 / 0.72) above the model's own."""
+    MASS = 0.72
+
+    def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed):
+        exp = super().generate(tok, prompts, group_size, max_new_tokens, temperature, top_p, seed)
+        exp.logprobs = (exp.logprobs - torch.log(torch.tensor(self.MASS))) * exp.completion_mask
+        return exp
+
+
+def _nucleus_run(tmp_path, **rl):
+    build_demo_data(tmp_path / "data", seed=0)
+    init = str(build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2))
+    cfg = PipelineConfig.model_validate({
+        "name": "v", "run_dir": str(tmp_path / "run"),
+        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl")},
+        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 3, "reward_isolation": "inline",
+               "rollout": {"backend": "vllm", "max_new_tokens": 4, "top_p": 0.7},
+               "rewards": [{"fn": "test_vllm_backend:varied"}], **rl}})
+    run = RLRun(cfg, init, None)
+    from hindsight.models import load_causal_lm
+
+    run.engine = NucleusEngine(load_causal_lm(init))
+    run.rollout(0), run.score(0)
+    return run
+
+
+def test_the_ratio_is_anchored_on_the_learner_not_on_the_engines_renormalised_logprobs(tmp_path):
+    run = _nucleus_run(tmp_path)
+    metrics = run.update(0)
+    assert abs(metrics["ratio_mean/iter0"] - 1.0) < 1e-5  # it was the nucleus mass, 0.72
+    row = run.store.read("rollouts", 0)[0]
+    engine, learner = torch.tensor(row["engine_logprobs"]), torch.tensor(row["logprobs"])
+    torch.testing.assert_close(engine - learner, torch.full_like(engine, -torch.log(torch.tensor(0.72)).item()))
+    run.close()
+
+
+def test_truncated_importance_sampling_weights_the_engine_gap(tmp_path):
+    run = _nucleus_run(tmp_path, **{"async": {"is_correction": "tis", "is_cap": 2.0}})
+    metrics = run.update(0)
+    # w = min(exp(learner - engine), cap) = 0.72 on every token
+    assert abs(metrics["is/mean"] - 0.72) < 1e-4 and abs(metrics["is/max"] - 0.72) < 1e-4
+    assert metrics["is/capped_fraction"] == 0.0
+    run.close()
+
+
+def test_tis_weights_by_hand():
+    from hindsight.algorithms.losses import tis_weights
+
+    old, engine = torch.tensor([[-1.0, -1.0, 0.0]]), torch.tensor([[-2.0, -0.5, 0.0]])
+    w = tis_weights(old, engine, cap=2.0)                       # exp(1) capped at 2, exp(-0.5)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.6065307, 1.0]]))

@@ -1,0 +1,75 @@
+"""Reading YAML files for configs: `--set` overrides, and validation errors that name the
+file, line and field (pydantic's location mapped back onto the YAML text)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from hindsight.errors import ConfigError
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """`a.b=c` sets raw['a']['b'] = yaml(c), creating intermediate tables."""
+    key, sep, value = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {assignment!r}: {part} is not a table")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "config"):
+    """(the mapping with `--set` overrides applied, the file's text); bad YAML names the file and line."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: {what} file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return raw, text
+
+
+def describe_errors(exc: ValidationError, path: Path, text: str) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        line = _key_line(text, err["loc"])
+        where = f"{path}:{line}" if line else str(path)
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{where}: {field or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def _key_line(text: str, loc: tuple) -> int | None:
+    """Line of the deepest YAML key on `loc` that exists in the file (None if none)."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == str(part)]
+            if not match:
+                break
+            line, node = match[0][0].start_mark.line + 1, match[0][1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
