@@ -1,0 +1,68 @@
+"""The group ledger: legal transitions only, leases taken back from a dead worker or on
+expiry, no group trained twice, and a resume rolling back what the kept weights lack."""
+import pytest
+
+from hindsight.errors import CheckpointError
+from hindsight.ledger import Ledger
+
+
+def test_a_group_moves_through_every_state_once(tmp_path):
+    ledger = Ledger(tmp_path)
+    ledger.open(0, [0, 1])
+    ledger.move(0, [0, 1], "leased", worker="w1", ttl_s=60)
+    ledger.move(0, [0], "sealed")
+    assert ledger.summary(0) == {"pending": 0, "leased": 1, "sealed": 1, "scored": 0, "trained": 0}
+    ledger.move(0, [1], "sealed")
+    ledger.move(0, [0, 1], "scored")
+    ledger.move(0, [0, 1], "trained")
+    assert {g: e.trained for g, e in Ledger(tmp_path).read(0).items()} == {0: 1, 1: 1}  # from disk
+    with pytest.raises(CheckpointError, match="group 0 cannot go from trained to trained"):
+        ledger.move(0, [0], "trained")
+    with pytest.raises(CheckpointError, match="group 1 cannot go from trained to sealed"):
+        ledger.move(0, [1], "sealed")
+
+
+def test_a_dead_workers_leases_go_back_to_pending_and_are_issued_again(tmp_path):
+    ledger = Ledger(tmp_path)
+    ledger.open(3, [0, 1, 2, 3])
+    ledger.move(3, [0, 1], "leased", worker="a", ttl_s=60)
+    ledger.move(3, [2, 3], "leased", worker="b", ttl_s=60)
+    ledger.move(3, [0], "sealed")  # a finished one group before it died
+    assert ledger.take_back(3, "a") == [1]
+    assert ledger.in_state(3, "pending") == [1]
+    ledger.move(3, [1], "leased", worker="c", ttl_s=60)
+    assert ledger.read(3)[1].leases == 2 and ledger.read(3)[1].worker == "c"
+
+
+def test_expired_leases_are_found_by_worker(tmp_path):
+    ledger = Ledger(tmp_path)
+    ledger.open(0, [0, 1, 2])
+    ledger.move(0, [0, 1], "leased", worker="slow", ttl_s=10)
+    ledger.move(0, [2], "leased", worker="fast", ttl_s=1000)
+    now = ledger.read(0)[0].expiry + 1
+    assert ledger.expired(0, now) == {"slow": [0, 1]}
+
+
+def test_resume_rolls_back_groups_trained_after_the_checkpoint(tmp_path):
+    ledger = Ledger(tmp_path)
+    for step in (0, 1):
+        ledger.open(step, [0])
+        ledger.move(step, [0], "leased", worker="w", ttl_s=60)
+        ledger.move(step, [0], "sealed")
+        ledger.move(step, [0], "scored")
+        ledger.move(step, [0], "trained")
+    ledger.open(2, [0])
+    ledger.move(2, [0], "leased", worker="w", ttl_s=60)
+    ledger.roll_back_after(1)  # the kept checkpoint has step 0's update only
+    assert ledger.read(0)[0].state == "trained" and ledger.read(1)[0].state == "scored"
+    assert ledger.read(1)[0].trained == 0 and ledger.read(2)[0].state == "pending"
+    ledger.move(1, [0], "trained")  # trained once more, into the weights that are kept
+    assert ledger.read(1)[0].trained == 1
+
+
+def test_open_adds_later_rounds_without_touching_known_groups(tmp_path):
+    ledger = Ledger(tmp_path)
+    ledger.open(0, [0, 1])
+    ledger.move(0, [0], "leased", worker="w", ttl_s=60)
+    entries = ledger.open(0, [0, 1, 2, 3])
+    assert [entries[g].state for g in range(4)] == ["leased", "pending", "pending", "pending"]
