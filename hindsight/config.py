@@ -110,6 +110,12 @@ class KLConfig(Strict):
         "loss", alias="in", description="loss: a KL term in the policy loss; reward: a penalty folded into the reward")
 
 
+class WorkersConfig(Strict):
+    rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
+                                              "count never changes what is sampled")
+    lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
+
+
 class AsyncConfig(Strict):
     is_correction: Literal["none", "tis"] = Field(
         "none", description="tis: weight the policy loss by min(p_learner / p_engine, is_cap), the gap between "
@@ -183,6 +189,7 @@ class RLConfig(Strict):
     kl: KLConfig = Field(default_factory=KLConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: list[RewardFnConfig] = Field(default_factory=lambda: [RewardFnConfig(fn="rewards.exact:exact_answer")])

@@ -29,17 +29,16 @@ from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.logprobs import sequence_scores, token_logprobs
 from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
-from hindsight.rollout.hf import generate
+from hindsight.ledger import Ledger
+from hindsight.roles.rollout import GroupTask, RolloutWorker
 from hindsight.scoring import load_reward_fn, score_completions
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
 
 
-ROUND_SEED_STRIDE = 1_000_000_007  # further dynamic-sampling rounds draw far from every step's seed
-
-
-def step_seed(seed: int, step: int) -> int:
-    return seed * 1_000_003 + step
+def deal(items: list, n: int) -> list[list]:
+    """Round-robin shares for n workers."""
+    return [items[i::n] for i in range(n)]
 
 
 def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int]:
@@ -90,7 +89,13 @@ class RLRun:
         self.settings = learner_settings(self.rl)
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
-        self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+        self.version = self.start_step  # the weights version: how many updates the policy has had
+        self.ledger = Ledger(self.dir)
+        self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
+        self.rollout_workers = [RolloutWorker(f"local-{i}", self.policy, self.tok, self.rl, cfg.seed, self.store, init_path)
+                                for i in range(self.rl.workers.rollout)]
+        for worker in self.rollout_workers:
+            worker.load_weights(self.version)
         self._early_rewards = None  # (step, rows, rewards) computed while dynamic sampling, reused by score
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
@@ -122,51 +127,36 @@ class RLRun:
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
         batch, metrics = self.select_prompts(step)
         t0 = time.perf_counter()
-        rows, n_tokens = self._sample(batch, step, 0, [])
+        rows = self._sample(step, 0, batch, first_group=0)
         rounds, ds = 1, self.rl.dynamic_sampling
         while ds.enabled and rounds < ds.max_rounds and self._signal_groups(step, rows) < self.rl.prompts_per_step:
-            more, n = self._sample(self.round_prompts(step, rounds), step, rounds, rows)
-            rows, n_tokens, rounds = rows + more, n_tokens + n, rounds + 1
+            rows += self._sample(step, rounds, self.round_prompts(step, rounds), first_group=rows[-1]["group"] + 1)
+            rounds += 1
         seconds = time.perf_counter() - t0
         if ds.enabled:
             metrics["dynamic_sampling/rounds"] = float(rounds)
         crash_point("rollout", step)
+        n_tokens = sum(len(r["completion_ids"]) for r in rows)
         metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
-        return self.store.write("rollouts", step, rows), metrics
+        return self.store.merge_parts("rollouts", step, sorted({r["group"] for r in rows})), metrics
 
-    def _sample(self, batch: list[dict], step: int, round_: int, before: list[dict]) -> tuple[list[dict], int]:
-        """Rows for `batch`'s groups, numbered after the rows sampled `before` in this step."""
-        exp = self._generate([b["prompt"] for b in batch], step, round_)
-        if self.rl.rollout.backend != "hf":
-            exp = self._learner_logprobs(exp)
-        texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
-        first_group = before[-1]["group"] + 1 if before else 0
-        rows = []
-        for j in range(len(exp)):
-            src = batch[j // exp.group_size]
-            n = int(exp.completion_mask[j].sum())
-            rows.append({
-                "step": step, "index": len(before) + j, "group": first_group + j // exp.group_size,
-                "round": round_, "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")),
-                "prompt": src["prompt"], "completion": texts[j],
-                "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
-                "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
-                "engine_logprobs": exp.engine_logprobs[j, :n].tolist() if exp.engine_logprobs is not None else None,
-                "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
-                "columns": json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")}),
-            })
-        return rows, int(exp.completion_mask.sum())
-
-    def _learner_logprobs(self, exp: Experience) -> Experience:
-        """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as
-        TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
-        renormalised over the nucleus. The engine's are kept for the optional IS weight."""
-        self.policy.eval()
-        with torch.no_grad():
-            logp, _ = token_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
-                                     self.rl.rollout.temperature)                     # (B, T)
-        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp.cpu() * exp.completion_mask
-        return exp
+    def _sample(self, step: int, round_: int, prompts: list[dict], first_group: int) -> list[dict]:
+        """One round's groups, leased to the rollout workers through the ledger. A group whose part
+        an earlier attempt wrote is sealed by it (a part is written whole or not at all) and kept,
+        not sampled again: a worker that died mid-lease loses only the groups it had not finished."""
+        tasks = [GroupTask(step=step, group=first_group + i, round=round_, prompt=p) for i, p in enumerate(prompts)]
+        entries = self.ledger.open(step, [t.group for t in tasks])
+        written = [t.group for t in tasks if entries[t.group].state == "pending"
+                   and self.store.has_part("rollouts", step, t.group)]
+        if written:
+            self.ledger.move(step, written, "sealed")
+        todo = [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
+        for worker, share in zip(self.rollout_workers, deal(todo, len(self.rollout_workers))):
+            if share:
+                self.ledger.move(step, [t.group for t in share], "leased", worker=worker.id,
+                                 ttl_s=self.rl.workers.lease_ttl_s)
+                self.ledger.move(step, worker.generate(share, self.version), "sealed")
+        return [row for t in tasks for row in self.store.read_part("rollouts", step, t.group)]
 
     def _signal_groups(self, step: int, rows: list[dict]) -> int:
         """How many of the rows' groups have rewards that differ (their rewards are kept for `score`)."""
@@ -179,24 +169,6 @@ class RLRun:
         n = math.ceil(self.rl.prompts_per_step * self.rl.dynamic_sampling.oversample)
         idx = prompt_indices(len(self.rows), n, step, f"{self.cfg.seed}-round{round_}")
         return [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
-
-    def _generate(self, prompts: list[str], step: int, round_: int = 0) -> Experience:
-        r = self.rl.rollout
-        seed = step_seed(self.cfg.seed, step) + round_ * ROUND_SEED_STRIDE
-        if r.backend == "hf":
-            return generate(self.policy, self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens,
-                            r.temperature, r.top_p, seed=seed)
-        if self.engine is None:
-            from hindsight.rollout.vllm import VLLMEngine
-
-            v = r.vllm
-            self.engine = VLLMEngine(self.init_path, v.dtype, self.cfg.seed, v.gpu_memory_utilization, v.max_model_len)
-            self.engine_stale = True
-        if self.engine_stale:  # the policy moved since the engine last saw it
-            self.engine.load_weights(self.policy)
-            self.engine_stale = False
-        return self.engine.generate(self.tok, prompts, self.rl.samples_per_prompt, r.max_new_tokens, r.temperature,
-                                    r.top_p, seed=seed)
 
     def select_prompts(self, step: int) -> tuple[list[dict], dict]:
         """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
@@ -222,6 +194,7 @@ class RLRun:
     # --- score --------------------------------------------------------------------------
     def score(self, step: int) -> tuple[Path, dict]:
         if self.store.has("scores", step):
+            self._mark(step, "sealed", "scored")  # the shard may have landed just before a crash
             return self.store.path("scores", step), {}
         t0 = time.perf_counter()
         rows = self.store.read("rollouts", step)
@@ -243,7 +216,15 @@ class RLRun:
         metrics = {f"reward/failures/{k}": float(v) for k, v in result.failures.items()}
         metrics["time/score_s"] = time.perf_counter() - t0
         crash_point("score", step)
-        return self.store.write("scores", step, out), metrics
+        path = self.store.write("scores", step, out)
+        self._mark(step, "sealed", "scored")
+        return path, metrics
+
+    def _mark(self, step: int, state: str, to: str, groups: list[int] | None = None) -> None:
+        """Move the step's groups in `state` (or just `groups` among them) to `to` in the ledger."""
+        found = [g for g in self.ledger.in_state(step, state) if groups is None or g in groups]
+        if found:
+            self.ledger.move(step, found, to)
 
     def _rewards(self, rows: list[dict]):
         """(weighted totals, the reward functions' result, reward-model scores or None) for stored rows."""
@@ -289,8 +270,10 @@ class RLRun:
                 metrics.update(self._launched_update(exp, train_rows))
             else:
                 metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
-            self.engine_stale = True
+            self._publish_weights()
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
+            self._mark(step, "sealed", "scored")
+            self._mark(step, "scored", "trained", sorted({r["group"] for r in train_rows}))
         metrics.update(rollout_metrics(rows, scores, self.rl.samples_per_prompt, self.rl.rollout.max_new_tokens))
         metrics.update({"time/update_s": time.perf_counter() - t0, "lr": self.optimizer.param_groups[0]["lr"],
                         "lr/alert_multiplier": self.lr_multiplier,
@@ -325,6 +308,14 @@ class RLRun:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
         self.optimizer.load_state_dict(torch.load(work / "out" / "optimizer.pt", weights_only=True))
         return metrics
+
+    def _publish_weights(self) -> None:
+        """A new weights version: the in-process workers share the policy object (it may be a new
+        one after a launched update), so only its version and their engines need the news."""
+        self.version += 1
+        for worker in self.rollout_workers:
+            worker.policy = self.policy
+            worker.load_weights(self.version)
 
     def weights_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.policy.parameters())

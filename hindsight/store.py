@@ -48,3 +48,30 @@ class RolloutStore:
 
     def read(self, component: str, step: int) -> list[dict]:
         return pq.read_table(self.path(component, step)).to_pylist()
+
+    # --- parts: what one worker wrote for one group, before the step's shard exists -------
+    def part_path(self, component: str, step: int, group: int) -> Path:
+        return self.root / "parts" / component / f"step-{step:06d}" / f"group-{group:05d}.parquet"
+
+    def write_part(self, component: str, step: int, group: int, rows: list[dict]) -> Path:
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd")
+        path = self.part_path(component, step, group)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    def read_part(self, component: str, step: int, group: int) -> list[dict]:
+        return pq.read_table(self.part_path(component, step, group)).to_pylist()
+
+    def has_part(self, component: str, step: int, group: int) -> bool:
+        return self.part_path(component, step, group).exists()
+
+    def merge_parts(self, component: str, step: int, groups: list[int]) -> Path:
+        """The step's shard from its groups' parts, in group order; the parts are removed after."""
+        rows = [row for g in groups for row in pq.read_table(self.part_path(component, step, g)).to_pylist()]
+        path = self.write(component, step, rows)
+        folder = self.part_path(component, step, 0).parent
+        for p in folder.glob("*.parquet"):
+            p.unlink()
+        folder.rmdir()
+        return path

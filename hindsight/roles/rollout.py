@@ -1,0 +1,107 @@
+"""A rollout worker: a policy copy and an engine; it generates the groups it is given.
+
+Each group is sampled on its own, seeded by (run seed, step, group), so what a group holds
+does not depend on which worker generated it, on how many workers there are, or on whether
+it was generated again after a worker died. Each finished group is written at once as a
+part shard, so a worker that dies mid-lease loses only the groups it had not finished.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from hindsight.experience import Experience
+from hindsight.logprobs import token_logprobs
+from hindsight.rollout.hf import generate
+from hindsight.store import RolloutStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupTask:
+    step: int
+    group: int
+    round: int
+    prompt: dict     # the data row, with its "id" (and "_replayed" for a hard example)
+
+
+class StaleWeights(RuntimeError):
+    """A worker serves nothing until it holds the weights version it is asked to sample with."""
+
+
+def group_seed(seed: int, step: int, group: int) -> int:
+    return (seed * 1_000_003 + step) * 100_003 + group
+
+
+class RolloutWorker:
+    def __init__(self, worker_id: str, policy, tok, rl, seed: int, store: RolloutStore, init_path: str):
+        self.id, self.policy, self.tok, self.rl, self.seed, self.store = worker_id, policy, tok, rl, seed, store
+        self.init_path = init_path
+        self.version = 0
+        self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+
+    def load_weights(self, version: int, state_dict=None) -> None:
+        """Take weights version `version`; with no state dict the worker shares the learner's
+        policy object (the in-process placement) and only its engine needs the news."""
+        if state_dict is not None:
+            self.policy.load_state_dict(state_dict)
+        self.version, self.engine_stale = version, True
+
+    def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
+        """Sample and store each task's group; returns the groups written, in order."""
+        if version != self.version:
+            raise StaleWeights(f"worker {self.id} holds weights v{self.version}, asked for v{version}")
+        done = []
+        for task in tasks:
+            self.store.write_part("rollouts", task.step, task.group, self._group_rows(task))
+            done.append(task.group)
+        return done
+
+    def _group_rows(self, task: GroupTask) -> list[dict]:
+        src, size = task.prompt, self.rl.samples_per_prompt
+        exp = self._generate(src["prompt"], group_seed(self.seed, task.step, task.group))
+        if self.rl.rollout.backend != "hf":
+            exp = self._learner_logprobs(exp)
+        texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
+        columns = json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")})
+        rows = []
+        for j in range(len(exp)):
+            n = int(exp.completion_mask[j].sum())
+            rows.append({
+                "step": task.step, "index": task.group * size + j, "group": task.group, "round": task.round,
+                "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")), "prompt": src["prompt"],
+                "completion": texts[j], "weights_version": self.version,
+                "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
+                "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
+                "engine_logprobs": exp.engine_logprobs[j, :n].tolist() if exp.engine_logprobs is not None else None,
+                "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
+                "columns": columns,
+            })
+        return rows
+
+    def _generate(self, prompt: str, seed: int) -> Experience:
+        r, size = self.rl.rollout, self.rl.samples_per_prompt
+        if r.backend == "hf":
+            return generate(self.policy, self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed)
+        if self.engine is None:
+            from hindsight.rollout.vllm import VLLMEngine
+
+            v = r.vllm
+            self.engine = VLLMEngine(self.init_path, v.dtype, self.seed, v.gpu_memory_utilization, v.max_model_len)
+            self.engine_stale = True
+        if self.engine_stale:  # the policy moved since the engine last saw it
+            self.engine.load_weights(self.policy)
+            self.engine_stale = False
+        return self.engine.generate(self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed)
+
+    def _learner_logprobs(self, exp: Experience) -> Experience:
+        """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as
+        TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
+        renormalised over the nucleus. The engine's are kept for the optional IS weight."""
+        self.policy.eval()
+        with torch.no_grad():
+            logp, _ = token_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
+                                     self.rl.rollout.temperature)                     # (B, T)
+        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp.cpu() * exp.completion_mask
+        return exp

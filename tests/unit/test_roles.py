@@ -1,0 +1,89 @@
+"""Rollout workers (issue 16): groups are seeded each on their own, so the number of workers
+never changes what is sampled; the ledger records every group trained exactly once; a step
+cut short resumes from the groups already sealed."""
+import pytest
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.data import build_demo_data
+from hindsight.models import build_tiny_model
+from hindsight.rl import RLRun
+
+
+def varied(completions, **_):
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    work = tmp_path_factory.mktemp("roles")
+    build_demo_data(work / "data", seed=0)
+    return work, str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
+
+
+def _cfg(work, run_dir, **rl):
+    return PipelineConfig.model_validate({
+        "name": "roles", "seed": 3, "run_dir": str(run_dir),
+        "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
+        "rl": {"steps": 3, "prompts_per_step": 5, "samples_per_prompt": 4, "reward_isolation": "inline", "lr": 1e-2,
+               "save_every": 1, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_roles:varied"}], **rl}})
+
+
+def _train(run, steps):
+    for step in steps:
+        run.rollout(step), run.score(step), run.update(step)
+
+
+def test_one_or_two_rollout_workers_sample_and_train_the_same(init, tmp_path):
+    work, path = init
+    runs = {}
+    for n in (1, 2):
+        run = RLRun(_cfg(work, tmp_path / f"n{n}", workers={"rollout": n}), path, None)
+        _train(run, range(3))
+        runs[n] = run
+    for step in range(3):
+        a, b = runs[1].store.read("rollouts", step), runs[2].store.read("rollouts", step)
+        assert a == b  # every row, token and log-prob, bit for bit
+    assert {r["weights_version"] for r in runs[2].store.read("rollouts", 2)} == {2}
+    for (k, x), (_, y) in zip(runs[1].policy.state_dict().items(), runs[2].policy.state_dict().items()):
+        assert torch.equal(x, y), k
+    leases = runs[2].ledger.read(0)
+    assert {e.worker for e in leases.values()} == {"local-0", "local-1"}  # both workers really served
+    for step in range(3):
+        assert [e.trained for e in runs[2].ledger.read(step).values()] == [1] * 5
+    for run in runs.values():
+        run.close()
+
+
+def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch):
+    """A crash after three of five groups were sealed: the rerun samples only the other two, and
+    the step's shard equals an uninterrupted run's."""
+    from hindsight.roles.rollout import RolloutWorker
+
+    work, path = init
+    clean = RLRun(_cfg(work, tmp_path / "clean"), path, None)
+    clean.rollout(0)
+    cfg = _cfg(work, tmp_path / "cut")
+    run = RLRun(cfg, path, None)
+    real = RolloutWorker._group_rows
+    calls = []
+
+    def dies_after_three(self, task):
+        if len(calls) == 3:
+            raise RuntimeError("worker died")
+        calls.append(task.group)
+        return real(self, task)
+
+    monkeypatch.setattr(RolloutWorker, "_group_rows", dies_after_three)
+    with pytest.raises(RuntimeError):
+        run.rollout(0)
+    # the coordinator never heard back: all five are still leased, three parts are on disk
+    assert run.ledger.in_state(0, "leased") == [0, 1, 2, 3, 4] and run.store.has_part("rollouts", 0, 2)
+    monkeypatch.setattr(RolloutWorker, "_group_rows", lambda self, task: calls.append(task.group) or real(self, task))
+    resumed = RLRun(cfg, path, None)  # a new process: the dead one's leases end
+    assert resumed.ledger.in_state(0, "pending") == [0, 1, 2, 3, 4]  # the dead process's leases ended
+    resumed.rollout(0)
+    assert calls == [0, 1, 2, 3, 4] and not resumed.store.has_part("rollouts", 0, 0)  # 0-2 were not redone
+    assert resumed.store.read("rollouts", 0) == clean.store.read("rollouts", 0)
+    for r in (clean, run, resumed):
+        r.close()
