@@ -114,6 +114,11 @@ class WorkersConfig(Strict):
     rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
                                               "count never changes what is sampled")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
+    placement: Literal["local", "ray"] = Field(
+        "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs each Ray rollout actor reserves")
+    ray_address: str | None = Field(None, description="join this Ray cluster (else $RAY_ADDRESS, else an "
+                                                      "embedded local one)")
 
 
 class AsyncConfig(Strict):

@@ -4,6 +4,8 @@
     point:step            SIGKILL this process when execution reaches `point` at `step`
     raise:point:step      raise a transient RuntimeError there, once per process (a retry passes)
     fail:point:step       raise a RuntimeError there every time (retries cannot help)
+    kill_once:point:step:MARKER   SIGKILL there unless the file MARKER exists, creating it first:
+                          a restarted worker reaching the same point carries on
     disk_full:SUBSTRING   every atomic write whose path contains SUBSTRING fails with ENOSPC
                           after writing half its bytes, as a full disk would
 """
@@ -25,6 +27,11 @@ def crash_point(point: str, step: int) -> None:
     if spec == f"raise:{point}:{step}" and spec not in _raised:
         _raised.add(spec)
         raise RuntimeError(f"injected transient fault at {point} step {step}")
+    if spec.startswith(f"kill_once:{point}:{step}:"):
+        marker = spec.split(":", 3)[3]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
     if spec == f"fail:{point}:{step}":
         raise RuntimeError(f"injected permanent fault at {point} step {step}")
 

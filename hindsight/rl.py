@@ -92,10 +92,13 @@ class RLRun:
         self.version = self.start_step  # the weights version: how many updates the policy has had
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
-        self.rollout_workers = [RolloutWorker(f"local-{i}", self.policy, self.tok, self.rl, cfg.seed, self.store, init_path)
-                                for i in range(self.rl.workers.rollout)]
-        for worker in self.rollout_workers:
-            worker.load_weights(self.version)
+        self.rollout_workers, self.pool, self.worker_metrics = self._start_workers(policy_path), None, {}
+        if self.rl.workers.placement == "ray":
+            from hindsight.roles.placement import RayRolloutPool
+
+            self.pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, cfg.model.dtype, cfg.seed,
+                                       self.dir, init_path)
+            self.pool.publish(self.version, self.policy.state_dict())
         self._early_rewards = None  # (step, rows, rewards) computed while dynamic sampling, reused by score
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
@@ -137,6 +140,7 @@ class RLRun:
             metrics["dynamic_sampling/rounds"] = float(rounds)
         crash_point("rollout", step)
         n_tokens = sum(len(r["completion_ids"]) for r in rows)
+        metrics.update(self.worker_metrics)
         metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
         return self.store.merge_parts("rollouts", step, sorted({r["group"] for r in rows})), metrics
 
@@ -151,6 +155,8 @@ class RLRun:
         if written:
             self.ledger.move(step, written, "sealed")
         todo = [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
+        if self.pool is not None:
+            self.worker_metrics = self.pool.dispatch(step, todo, self.store)
         for worker, share in zip(self.rollout_workers, deal(todo, len(self.rollout_workers))):
             if share:
                 self.ledger.move(step, [t.group for t in share], "leased", worker=worker.id,
@@ -242,9 +248,21 @@ class RLRun:
         totals = [t + (self.rl.reward_model_weight * rm[j] if rm else 0.0) for j, t in enumerate(result.total)]
         return totals, result, rm
 
+    def _start_workers(self, policy_path: str) -> list[RolloutWorker]:
+        """In-process rollout workers sharing the learner's policy object (none with Ray placement)."""
+        if self.rl.workers.placement != "local":
+            return []
+        workers = [RolloutWorker(f"local-{i}", self.policy, self.tok, self.rl, self.cfg.seed, self.store, self.init_path)
+                   for i in range(self.rl.workers.rollout)]
+        for worker in workers:
+            worker.load_weights(self.version)
+        return workers
+
     def close(self) -> None:
         if self.reward_worker is not None:
             self.reward_worker.close()
+        if self.pool is not None:
+            self.pool.close()
 
     # --- update -------------------------------------------------------------------------
     def experience_from_rows(self, rows: list[dict], scores: list[dict] | None = None) -> Experience:
@@ -316,6 +334,8 @@ class RLRun:
         for worker in self.rollout_workers:
             worker.policy = self.policy
             worker.load_weights(self.version)
+        if self.pool is not None:
+            self.pool.publish(self.version, self.policy.state_dict())
 
     def weights_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.policy.parameters())

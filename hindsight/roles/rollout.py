@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from hindsight.experience import Experience
+from hindsight.faults import crash_point
 from hindsight.logprobs import token_logprobs
 from hindsight.rollout.hf import generate
 from hindsight.store import RolloutStore
@@ -35,6 +36,23 @@ def group_seed(seed: int, step: int, group: int) -> int:
 
 
 class RolloutWorker:
+    @classmethod
+    def from_paths(cls, worker_id: str, policy_path: str, dtype: str, rl, seed: int, store_root: str,
+                   init_path: str) -> "RolloutWorker":
+        """A worker with its own policy copy, as a Ray actor builds it in its own process."""
+        from hindsight.models import disable_dropout, load_causal_lm, load_tokenizer
+
+        policy = load_causal_lm(policy_path, dtype)
+        if rl.disable_dropout:
+            disable_dropout(policy)
+        return cls(worker_id, policy, load_tokenizer(policy_path), rl, seed, RolloutStore(store_root), init_path)
+
+    def where(self) -> str:
+        import os
+        import socket
+
+        return f"{socket.gethostname()}:{os.getpid()}"
+
     def __init__(self, worker_id: str, policy, tok, rl, seed: int, store: RolloutStore, init_path: str):
         self.id, self.policy, self.tok, self.rl, self.seed, self.store = worker_id, policy, tok, rl, seed, store
         self.init_path = init_path
@@ -56,6 +74,7 @@ class RolloutWorker:
         for task in tasks:
             self.store.write_part("rollouts", task.step, task.group, self._group_rows(task))
             done.append(task.group)
+            crash_point(f"rollout-group{task.group}", task.step)
         return done
 
     def _group_rows(self, task: GroupTask) -> list[dict]:
