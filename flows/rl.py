@@ -59,11 +59,18 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
         progress.close()
 
 
-def _check_backend(cfg: PipelineConfig) -> None:
+def _check_placement(cfg: PipelineConfig) -> None:
+    """vLLM and Ray are checked before any model loads: a missing GPU, an unreachable cluster or a
+    worker layout larger than the cluster is one clear error."""
     if cfg.rl.rollout.backend == "vllm":
         from hindsight.rollout.vllm import require_vllm
 
         require_vllm()
+    w = cfg.rl.workers
+    if w.placement == "ray":
+        from hindsight.roles.placement import start_ray
+
+        start_ray(w.ray_address, w.rollout * w.num_cpus)
 
 
 RL = StageSpec(
@@ -71,7 +78,7 @@ RL = StageSpec(
     models=lambda cfg: {"rl.init": cfg.rl.init or model_uri(cfg, "sft"),
                         "reward_model": model_uri(cfg, "rm") if cfg.rl.needs_reward_model() else None},
     data=("prompts", "eval"), rewards=lambda cfg: [r.fn for r in cfg.rl.rewards] + [cfg.eval.reward],
-    checks=_check_backend, registers="policy", story=rl_story)
+    checks=_check_placement, registers="policy", story=rl_story)
 
 
 @flow(name="rl", log_prints=True)

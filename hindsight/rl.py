@@ -149,7 +149,9 @@ class RLRun:
         an earlier attempt wrote is sealed by it (a part is written whole or not at all) and kept,
         not sampled again: a worker that died mid-lease loses only the groups it had not finished."""
         tasks = [GroupTask(step=step, group=first_group + i, round=round_, prompt=p) for i, p in enumerate(prompts)]
-        entries = self.ledger.open(step, [t.group for t in tasks])
+        self.ledger.open(step, [t.group for t in tasks])
+        self.ledger.take_back(step)  # leases of an interrupted attempt (a Prefect task retry) are void
+        entries = self.ledger.read(step)
         written = [t.group for t in tasks if entries[t.group].state == "pending"
                    and self.store.has_part("rollouts", step, t.group)]
         if written:

@@ -96,6 +96,22 @@ def _(ws, tmp):
     return write_text_config(tmp, "name: my run\n")
 
 
+@case("workers-zero")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  workers:\n    rollout: 0\n")
+
+
+@case("workers-too-many-cpus")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers={"placement": "ray", "rollout": 64}))))
+
+
+@case("ray-unreachable")
+def _(ws, tmp):
+    workers = {"placement": "ray", "ray_address": "127.0.0.1:1"}
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers=workers))))
+
+
 @case("no-reward")
 def _(ws, tmp):
     return write_text_config(tmp, "rl:\n  rewards: []\n")

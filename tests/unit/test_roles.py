@@ -87,3 +87,29 @@ def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch):
     assert resumed.store.read("rollouts", 0) == clean.store.read("rollouts", 0)
     for r in (clean, run, resumed):
         r.close()
+
+
+def test_a_retried_rollout_task_releases_its_work_in_the_same_process(init, tmp_path, monkeypatch):
+    """A Prefect retry calls rollout(step) again on the same run: the first attempt's leases
+    are void, its written groups kept, the rest issued again."""
+    from hindsight.roles.rollout import RolloutWorker
+
+    work, path = init
+    run = RLRun(_cfg(work, tmp_path / "retry"), path, None)
+    real, calls = RolloutWorker._group_rows, []
+
+    def flaky(self, task):
+        if task.group == 2 and task.group not in calls:
+            calls.append(task.group)
+            raise RuntimeError("transient")
+        calls.append(task.group)
+        return real(self, task)
+
+    monkeypatch.setattr(RolloutWorker, "_group_rows", flaky)
+    with pytest.raises(RuntimeError):
+        run.rollout(0)
+    run.rollout(0)  # the retry
+    assert calls == [0, 1, 2, 2, 3, 4]
+    assert sorted({r["group"] for r in run.store.read("rollouts", 0)}) == [0, 1, 2, 3, 4]
+    assert run.ledger.read(0)[2].leases == 2
+    run.close()
