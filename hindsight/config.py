@@ -113,10 +113,12 @@ class KLConfig(Strict):
 class WorkersConfig(Strict):
     rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
                                               "count never changes what is sampled")
+    scorer: int = Field(1, ge=1, description="scorers (reward functions, reference and reward model)")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
     placement: Literal["local", "ray"] = Field(
         "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
-    num_cpus: float = Field(1.0, gt=0, description="CPUs each Ray rollout actor reserves")
+    num_cpus: float = Field(0.5, gt=0, description="CPUs each Ray rollout or scorer actor reserves (the defaults "
+                                                   "fit 2 rollout workers and a scorer on a 2-core laptop)")
     ray_address: str | None = Field(None, description="join this Ray cluster (else $RAY_ADDRESS, else an "
                                                       "embedded local one)")
 

@@ -66,3 +66,18 @@ def pad_right(seqs: list[list[float]], pad, dtype=torch.long) -> tuple[torch.Ten
             out[i, : len(s)] = torch.tensor(s, dtype=dtype)
             mask[i, : len(s)] = 1
     return out, mask
+
+
+def experience_from_rows(rows: list[dict], pad_id: int, group_size: int, scores: list[dict] | None = None) -> Experience:
+    """The padded batch of stored rollout rows (and their score rows, when given)."""
+    prompt_ids, prompt_mask = pad_left([r["prompt_ids"] for r in rows], pad_id)
+    completion_ids, mask = pad_right([r["completion_ids"] for r in rows], pad_id)
+    logprobs, _ = pad_right([r["logprobs"] for r in rows], 0.0, dtype=torch.float32)
+    exp = Experience(prompt_ids, prompt_mask, completion_ids, mask, logprobs, group_size)
+    if rows[0].get("engine_logprobs") is not None:
+        exp.engine_logprobs, _ = pad_right([r["engine_logprobs"] for r in rows], 0.0, dtype=torch.float32)
+    if scores is not None:
+        exp.rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
+        if scores[0]["ref_logprobs"] is not None:
+            exp.ref_logprobs, _ = pad_right([s["ref_logprobs"] for s in scores], 0.0, dtype=torch.float32)
+    return exp

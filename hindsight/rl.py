@@ -20,18 +20,18 @@ from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
-from hindsight.experience import Experience, pad_left, pad_right
+from hindsight.experience import Experience, experience_from_rows
 from hindsight.fsutil import append_line, atomic_write_json
 from hindsight.history import MetricsLog, truncate_rows_after
 from hindsight.resume import check_compatible, lr_multiplier
 from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
-from hindsight.logprobs import sequence_scores, token_logprobs
 from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
 from hindsight.ledger import Ledger
 from hindsight.roles.rollout import GroupTask, RolloutWorker
-from hindsight.scoring import load_reward_fn, score_completions
+from hindsight.roles.scorer import Scorer
+from hindsight.scoring import load_reward_fn
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
 
@@ -75,8 +75,9 @@ class RLRun:
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)
         if self.rl.disable_dropout:
             disable_dropout(self.policy)
-        self.ref = load_causal_lm(init_path, cfg.model.dtype).eval() if self.rl.kl.coef > 0 else None
-        self.rm = load_reward_model(rm_path).eval() if rm_path and self.rl.reward_model_weight > 0 else None
+        local = self.rl.workers.placement == "local"  # else the scorer actors hold the reference and reward model
+        self.ref = load_causal_lm(init_path, cfg.model.dtype).eval() if local and self.rl.kl.coef > 0 else None
+        self.rm = load_reward_model(rm_path).eval() if local and rm_path and self.rl.reward_model_weight > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
         self.lr_multiplier = 1.0  # the product of every `lower_lr` alert's factor so far
         if start:
@@ -99,7 +100,8 @@ class RLRun:
             self.pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, cfg.model.dtype, cfg.seed,
                                        self.dir, init_path)
             self.pool.publish(self.version, self.policy.state_dict())
-        self._early_rewards = None  # (step, rows, rewards) computed while dynamic sampling, reused by score
+        self._failures: dict[int, dict[str, int]] = {}  # reward failures per step, until `score` logs them
+        self.scorers, self.scorer_pool = self._start_scorers(rm_path)
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
@@ -167,9 +169,12 @@ class RLRun:
         return [row for t in tasks for row in self.store.read_part("rollouts", step, t.group)]
 
     def _signal_groups(self, step: int, rows: list[dict]) -> int:
-        """How many of the rows' groups have rewards that differ (their rewards are kept for `score`)."""
-        self._early_rewards = (step, len(rows), self._rewards(rows))
-        kept, _ = signal_groups(self._early_rewards[2][0], self.rl.samples_per_prompt, len(rows))
+        """How many of the rows' groups have rewards that differ: they are scored now (their score
+        parts are what `score` then merges, so nothing is scored twice)."""
+        groups = sorted({r["group"] for r in rows})
+        self._score_groups(step, groups)
+        rewards = [s["reward"] for g in groups for s in self.store.read_part("scores", step, g)]
+        kept, _ = signal_groups(rewards, self.rl.samples_per_prompt, len(rows))
         return len(kept)
 
     def round_prompts(self, step: int, round_: int) -> list[dict]:
@@ -201,32 +206,31 @@ class RLRun:
 
     # --- score --------------------------------------------------------------------------
     def score(self, step: int) -> tuple[Path, dict]:
+        """Score the step's groups (scorers write a part per group), then the step's shard."""
         if self.store.has("scores", step):
             self._mark(step, "sealed", "scored")  # the shard may have landed just before a crash
             return self.store.path("scores", step), {}
         t0 = time.perf_counter()
-        rows = self.store.read("rollouts", step)
-        early = self._early_rewards
-        totals, result, rm = early[2] if early and early[:2] == (step, len(rows)) else self._rewards(rows)
-        exp = self.experience_from_rows(rows)
-        ref = None
-        if self.ref is not None:
-            with torch.no_grad():
-                ref, _ = token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
-                                        self.rl.rollout.temperature)
-        out = []
-        for j, r in enumerate(rows):
-            total = totals[j]
-            n = len(r["completion_ids"])
-            out.append({"step": step, "index": j, "reward": total, "rm_score": rm[j] if rm else None,
-                        **{f"reward_{k}": v[j] for k, v in result.per_fn.items()},
-                        "ref_logprobs": ref[j, :n].tolist() if ref is not None else None})
-        metrics = {f"reward/failures/{k}": float(v) for k, v in result.failures.items()}
+        groups = sorted({r["group"] for r in self.store.read("rollouts", step)})
+        self._score_groups(step, groups)
+        metrics = {f"reward/failures/{k}": float(v) for k, v in self._failures.pop(step, {}).items()}
         metrics["time/score_s"] = time.perf_counter() - t0
         crash_point("score", step)
-        path = self.store.write("scores", step, out)
+        path = self.store.merge_parts("scores", step, groups)
         self._mark(step, "sealed", "scored")
         return path, metrics
+
+    def _score_groups(self, step: int, groups: list[int]) -> None:
+        """Groups without a score part go to the scorers; their reward failures are counted."""
+        todo = [g for g in groups if not self.store.has_part("scores", step, g)]
+        counts = self._failures.setdefault(step, {})
+        if self.scorer_pool is not None and todo:
+            results = [self.scorer_pool.dispatch(step, todo, self.store)]
+        else:
+            results = [s.score(step, share) for s, share in zip(self.scorers, deal(todo, len(self.scorers))) if share]
+        for failures in results:
+            for name, n in failures.items():
+                counts[name] = counts.get(name, 0) + n
 
     def _mark(self, step: int, state: str, to: str, groups: list[int] | None = None) -> None:
         """Move the step's groups in `state` (or just `groups` among them) to `to` in the ledger."""
@@ -234,21 +238,15 @@ class RLRun:
         if found:
             self.ledger.move(step, found, to)
 
-    def _rewards(self, rows: list[dict]):
-        """(weighted totals, the reward functions' result, reward-model scores or None) for stored rows."""
-        columns = [json.loads(r["columns"]) for r in rows]
-        keys = sorted({k for c in columns for k in c})
-        result = score_completions(self.rl.rewards, [r["completion"] for r in rows],
-                                   {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
-                                   self.reward_worker, self.rl.reward_timeout_s, prompts=[r["prompt"] for r in rows],
-                                   completion_ids=[list(r["completion_ids"]) for r in rows])
-        rm = None
-        if self.rm is not None:
-            exp = self.experience_from_rows(rows)
-            with torch.no_grad():
-                rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist()
-        totals = [t + (self.rl.reward_model_weight * rm[j] if rm else 0.0) for j, t in enumerate(result.total)]
-        return totals, result, rm
+    def _start_scorers(self, rm_path: str | None):
+        """(in-process scorers sharing this process's models, or a Ray pool of scorer actors)."""
+        if self.rl.workers.placement == "ray":
+            from hindsight.roles.placement import RayScorerPool
+
+            return [], RayScorerPool(self.rl.workers.scorer, self.rl, self.init_path, rm_path, self.cfg.model.dtype,
+                                     self.dir)
+        return [Scorer(f"local-scorer-{i}", self.rl, self.tok.pad_token_id, self.ref, self.rm, self.reward_worker, self.store)
+                for i in range(self.rl.workers.scorer)], None
 
     def _start_workers(self, policy_path: str) -> list[RolloutWorker]:
         """In-process rollout workers sharing the learner's policy object (none with Ray placement)."""
@@ -263,22 +261,13 @@ class RLRun:
     def close(self) -> None:
         if self.reward_worker is not None:
             self.reward_worker.close()
-        if self.pool is not None:
-            self.pool.close()
+        for pool in (self.pool, self.scorer_pool):
+            if pool is not None:
+                pool.close()
 
     # --- update -------------------------------------------------------------------------
     def experience_from_rows(self, rows: list[dict], scores: list[dict] | None = None) -> Experience:
-        prompt_ids, prompt_mask = pad_left([r["prompt_ids"] for r in rows], self.tok.pad_token_id)
-        completion_ids, mask = pad_right([r["completion_ids"] for r in rows], self.tok.pad_token_id)
-        logprobs, _ = pad_right([r["logprobs"] for r in rows], 0.0, dtype=torch.float32)
-        exp = Experience(prompt_ids, prompt_mask, completion_ids, mask, logprobs, self.rl.samples_per_prompt)
-        if rows[0].get("engine_logprobs") is not None:
-            exp.engine_logprobs, _ = pad_right([r["engine_logprobs"] for r in rows], 0.0, dtype=torch.float32)
-        if scores is not None:
-            exp.rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
-            if scores[0]["ref_logprobs"] is not None:
-                exp.ref_logprobs, _ = pad_right([s["ref_logprobs"] for s in scores], 0.0, dtype=torch.float32)
-        return exp
+        return experience_from_rows(rows, self.tok.pad_token_id, self.rl.samples_per_prompt, scores)
 
     def update(self, step: int) -> dict:
         t0 = time.perf_counter()

@@ -63,6 +63,12 @@ class RolloutStore:
     def read_part(self, component: str, step: int, group: int) -> list[dict]:
         return pq.read_table(self.part_path(component, step, group)).to_pylist()
 
+    def group_rows(self, component: str, step: int, group: int) -> list[dict]:
+        """One group's rows: from its part while the step's shard is being built, else from the shard."""
+        if self.has_part(component, step, group):
+            return self.read_part(component, step, group)
+        return [r for r in self.read(component, step) if r["group"] == group]
+
     def has_part(self, component: str, step: int, group: int) -> bool:
         return self.part_path(component, step, group).exists()
 

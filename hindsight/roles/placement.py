@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line
 from hindsight.ledger import Ledger
 from hindsight.roles.rollout import GroupTask, RolloutWorker
+from hindsight.roles.scorer import Scorer
 
 log = logging.getLogger("hindsight.workers")
 
@@ -58,32 +60,81 @@ def _reachable(address: str, wait_s: float) -> None:
         raise ConfigError(f"rl.workers.ray_address: {address} cannot be reached ({exc})") from None
 
 
-class RayRolloutPool:
-    def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str):
-        w = rl.workers
-        self.ray = start_ray(w.ray_address, n * w.num_cpus)
-        fault = {k: os.environ[k] for k in ("HINDSIGHT_FAULT",) if k in os.environ}  # the fault tests' hook
-        self.actor_cls = self.ray.remote(num_cpus=w.num_cpus, max_restarts=0,
-                                         runtime_env={"env_vars": fault} if fault else None)(RolloutActor)
-        self.args = (rl, seed, str(rl_dir), init_path)
-        self.dtype, self.ttl, self.dir = dtype, w.lease_ttl_s, Path(rl_dir)
+class _Pool:
+    """Actors of one role: started, replaced when one dies, every death recorded."""
+    role = "worker"
+
+    def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple):
+        self.ray = start_ray(workers.ray_address, 0)  # the stage's preflight checked the cluster's size
+        num_cpus, ttl_s = workers.num_cpus, workers.lease_ttl_s
+        env = {k: os.environ[k] for k in ("HINDSIGHT_FAULT",) if k in os.environ}  # the fault tests' hook
+        if not (workers.ray_address or os.environ.get("RAY_ADDRESS")):
+            # an embedded cluster runs this machine's code: its actors import what this process can
+            # (a reward module beside the config, not installed), as a reward worker process does
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.actor_cls = self.ray.remote(num_cpus=num_cpus, max_restarts=0,
+                                         runtime_env={"env_vars": env})(actor_cls)
+        self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
         self.ledger = Ledger(rl_dir)
-        self.version, self.weights, self.spawned = 0, None, 0
-        self.actors = {}
-        self.policy_path = policy_path
+        self.actors, self.spawned, self.deaths, self.reassigned = {}, 0, 0, 0
         for _ in range(n):
             self._spawn()
-        self.deaths = self.reassigned = 0
 
     def _spawn(self) -> str:
-        worker_id = f"rollout-{self.spawned}"
+        actor_id = f"{self.role}-{self.spawned}"
         self.spawned += 1
-        rl, seed, store_root, init_path = self.args
-        actor = self.actor_cls.remote(worker_id, self.policy_path, self.dtype, rl, seed, store_root, init_path)
+        self.actors[actor_id] = self.actor_cls.remote(actor_id, *self.args)
+        return actor_id
+
+    def _replace(self, step: int, actor_id: str, why: str, written: list[int], back: list[int]) -> None:
+        self.ray.kill(self.actors.pop(actor_id))
+        new_id = self._spawn()
+        self.deaths += 1
+        self.reassigned += len(back)
+        event = {"time": time.time(), "step": step, "role": self.role, "worker": actor_id, "why": why,
+                 "written": written, "reassigned": back, "replacement": new_id}
+        append_line(self.dir / "workers.jsonl", json.dumps(event))
+        log.warning("%s %s %s at step %d: kept groups %s, reassigning %s; started %s",
+                    self.role, actor_id, why, step, written, back, new_id)
+
+    def _run(self, calls: dict):
+        """Wait for the calls (ref -> actor id) up to the lease time; yields (actor id, result or
+        None if the actor died or overran, why)."""
+        done, late = self.ray.wait(list(calls), num_returns=len(calls), timeout=self.ttl)
+        for ref in done:
+            try:
+                result = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                yield calls[ref], None, "died"
+                continue
+            except self.ray.exceptions.RayTaskError as exc:  # the role's own error: raise it as itself
+                raise exc.as_instanceof_cause() from None
+            yield calls[ref], result, None
+        for ref in late:
+            yield calls[ref], None, "lease expired"
+
+    def metrics(self) -> dict:
+        return {f"workers/{self.role}_deaths": float(self.deaths),
+                f"workers/{self.role}_reassigned_groups": float(self.reassigned)}
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            self.ray.kill(actor)
+        self.actors = {}
+
+
+class RayRolloutPool(_Pool):
+    role = "rollout"
+
+    def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str):
+        self.version, self.weights = 0, None
+        super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path))
+
+    def _spawn(self) -> str:
+        actor_id = super()._spawn()
         if self.weights is not None:  # a restarted or added worker serves nothing before it syncs
-            self.ray.get(actor.load_weights.remote(self.version, self.weights))
-        self.actors[worker_id] = actor
-        return worker_id
+            self.ray.get(self.actors[actor_id].load_weights.remote(self.version, self.weights))
+        return actor_id
 
     def publish(self, version: int, state_dict) -> None:
         """A new weights version for every actor, through Ray's object store (put once)."""
@@ -91,51 +142,62 @@ class RayRolloutPool:
         self.ray.get([a.load_weights.remote(version, self.weights) for a in self.actors.values()])
 
     def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:
-        """Lease every task's group until all are sealed; returns this dispatch's worker metrics."""
-        deaths = reassigned = 0
+        """Lease every task's group until all are sealed; returns the role's worker metrics."""
         todo = list(tasks)
         while todo:
-            running = {}
-            for worker_id, share in zip(list(self.actors), _deal(todo, len(self.actors))):
+            calls = {}
+            for actor_id, share in zip(list(self.actors), _deal(todo, len(self.actors))):
                 if share:
-                    self.ledger.move(step, [t.group for t in share], "leased", worker=worker_id, ttl_s=self.ttl)
-                    running[self.actors[worker_id].generate.remote(share, self.version)] = worker_id
-            done, late = self.ray.wait(list(running), num_returns=len(running), timeout=self.ttl)
-            for ref in done:
-                try:
-                    self.ledger.move(step, self.ray.get(ref), "sealed")
-                except self.ray.exceptions.RayActorError:
-                    reassigned += self._lost(step, running[ref], store, "died")
-                    deaths += 1
-            for ref in late:
-                self.ray.kill(self.actors[running[ref]])
-                reassigned += self._lost(step, running[ref], store, "lease expired")
-                deaths += 1
+                    self.ledger.move(step, [t.group for t in share], "leased", worker=actor_id, ttl_s=self.ttl)
+                    calls[self.actors[actor_id].generate.remote(share, self.version)] = actor_id
+            for actor_id, sealed, why in self._run(calls):
+                if why is None:
+                    self.ledger.move(step, sealed, "sealed")
+                    continue
+                leased = [g for g, e in self.ledger.read(step).items() if e.state == "leased" and e.worker == actor_id]
+                written = [g for g in leased if store.has_part("rollouts", step, g)]
+                if written:
+                    self.ledger.move(step, written, "sealed")
+                self._replace(step, actor_id, why, written, self.ledger.take_back(step, actor_id))
             todo = [t for t in tasks if t.group in self.ledger.in_state(step, "pending")]
-        self.deaths += deaths
-        self.reassigned += reassigned
-        return {"workers/deaths": float(self.deaths), "workers/reassigned_groups": float(self.reassigned)}
+        return self.metrics()
 
-    def _lost(self, step: int, worker_id: str, store, why: str) -> int:
-        """A worker is gone: seal what it wrote, take back the rest, and start a replacement."""
-        leased = [g for g, e in self.ledger.read(step).items() if e.state == "leased" and e.worker == worker_id]
-        written = [g for g in leased if store.has_part("rollouts", step, g)]
-        if written:
-            self.ledger.move(step, written, "sealed")
-        back = self.ledger.take_back(step, worker_id)
-        del self.actors[worker_id]
-        new_id = self._spawn()
-        event = {"time": time.time(), "step": step, "worker": worker_id, "why": why, "written": written,
-                 "reassigned": back, "replacement": new_id}
-        append_line(self.dir / "workers.jsonl", json.dumps(event))
-        log.warning("rollout worker %s %s at step %d: kept groups %s, reassigning %s; started %s",
-                    worker_id, why, step, written, back, new_id)
-        return len(back)
 
-    def close(self) -> None:
-        for actor in self.actors.values():
-            self.ray.kill(actor)
-        self.actors = {}
+class RayScorerPool(_Pool):
+    role = "scorer"
+
+    def __init__(self, n: int, rl, init_path: str, rm_path: str | None, dtype: str, rl_dir: Path):
+        super().__init__(ScorerActor, n, rl.workers, rl_dir, (rl, init_path, rm_path, dtype, str(rl_dir)))
+
+    def dispatch(self, step: int, groups: list[int], store) -> dict[str, int]:
+        """Score every group (a part each); a dead scorer's unwritten groups go to its replacement."""
+        failures: dict[str, int] = {}
+        todo = list(groups)
+        while todo:
+            calls, given = {}, {}
+            for actor_id, share in zip(list(self.actors), _deal(todo, len(self.actors))):
+                if share:
+                    calls[self.actors[actor_id].score.remote(step, share)] = actor_id
+                    given[actor_id] = share
+            for actor_id, counts, why in self._run(calls):
+                if why is None:
+                    for name, n in counts.items():
+                        failures[name] = failures.get(name, 0) + n
+                    continue
+                written = [g for g in given[actor_id] if store.has_part("scores", step, g)]
+                self._replace(step, actor_id, why, written, [g for g in given[actor_id] if g not in written])
+            todo = [g for g in groups if not store.has_part("scores", step, g)]
+        return failures
+
+
+class ScorerActor:
+    """A scorer in its own process, with its own reference model, reward model and reward worker."""
+
+    def __init__(self, scorer_id: str, rl, init_path: str, rm_path: str | None, dtype: str, store_root: str):
+        self.scorer = Scorer.from_paths(scorer_id, rl, init_path, rm_path, dtype, store_root)
+
+    def score(self, step: int, groups: list[int]) -> dict[str, int]:
+        return self.scorer.score(step, groups)
 
 
 class RolloutActor:

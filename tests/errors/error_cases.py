@@ -103,7 +103,8 @@ def _(ws, tmp):
 
 @case("workers-too-many-cpus")
 def _(ws, tmp):
-    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers={"placement": "ray", "rollout": 64}))))
+    workers = {"placement": "ray", "rollout": 64, "num_cpus": 1}
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers=workers))))
 
 
 @case("ray-unreachable")

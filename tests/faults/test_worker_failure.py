@@ -60,12 +60,29 @@ def test_a_rollout_worker_killed_mid_step_is_replaced_and_nothing_is_lost(init, 
     assert (tmp_path / "killed").exists(), "the fault never fired: the test would prove nothing"
     events = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
     assert [(e["step"], e["worker"], e["written"], e["reassigned"]) for e in events] == [(1, "rollout-0", [0], [2])]
-    assert metrics[1][0]["workers/deaths"] == 1 and metrics[1][0]["workers/reassigned_groups"] == 1
+    assert events[0]["replacement"] == "rollout-2"
+    assert metrics[1][0]["workers/rollout_deaths"] == 1 and metrics[1][0]["workers/rollout_reassigned_groups"] == 1
     for step in range(STEPS):
         entries = run.ledger.read(step)
         assert [e.trained for e in entries.values()] == [1] * 4  # every group trained exactly once
         assert run.store.read("rollouts", step) == reference.store.read("rollouts", step)
     assert run.ledger.read(1)[2].leases == 2  # group 2 was issued twice
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), k
+    reference.close(), run.close()
+
+
+def test_a_scorer_killed_mid_step_is_replaced_and_nothing_is_lost(init, tmp_path, monkeypatch):
+    reference, _ = _run(*init, tmp_path / "reference")
+    # scorer-0 scores all four groups of a step: it dies right after writing group 1's score of step 1
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"kill_once:score-group1:1:{tmp_path / 'killed'}")
+    run, metrics = _run(*init, tmp_path / "killed-run", placement="ray", rollout=1, scorer=1)
+    assert (tmp_path / "killed").exists(), "the fault never fired: the test would prove nothing"
+    events = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["role"], e["written"], e["reassigned"]) for e in events] == [(1, "scorer", [0, 1], [2, 3])]
+    for step in range(STEPS):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4
+        assert run.store.read("scores", step) == reference.store.read("scores", step)
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-5), k
     reference.close(), run.close()

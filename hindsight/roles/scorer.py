@@ -1,0 +1,80 @@
+"""A scorer: the reward functions (in their guarded worker process), the reference model and
+the reward model. It scores the groups it is given and writes one part shard per group.
+
+The reward functions see the whole lease in one call (a batched reward stays batched); the
+reference log-probs and reward-model scores are computed group by group, so a group's score
+does not depend on which groups it was scored with, or on how many scorers there are.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from hindsight.experience import experience_from_rows
+from hindsight.faults import crash_point
+from hindsight.logprobs import sequence_scores, token_logprobs
+from hindsight.scoring import score_completions
+from hindsight.store import RolloutStore
+
+
+class Scorer:
+    @classmethod
+    def from_paths(cls, scorer_id: str, rl, init_path: str, rm_path: str | None, dtype: str,
+                   store_root: str) -> "Scorer":
+        """A scorer with its own models and reward worker, as a Ray actor builds it."""
+        from hindsight.models import load_causal_lm, load_reward_model, load_tokenizer
+        from hindsight.reward_worker import RewardWorker
+
+        ref = load_causal_lm(init_path, dtype).eval() if rl.kl.coef > 0 else None
+        rm = load_reward_model(rm_path).eval() if rm_path and rl.reward_model_weight > 0 else None
+        worker = RewardWorker() if rl.reward_isolation == "process" else None
+        return cls(scorer_id, rl, load_tokenizer(init_path).pad_token_id, ref, rm, worker, RolloutStore(store_root))
+
+    def __init__(self, scorer_id: str, rl, pad_id: int, ref, rm, reward_worker, store: RolloutStore):
+        self.id, self.rl, self.pad_id, self.ref, self.rm = scorer_id, rl, pad_id, ref, rm
+        self.reward_worker, self.store = reward_worker, store
+
+    def score(self, step: int, groups: list[int]) -> dict[str, int]:
+        """Score and store each group; returns how many calls of each reward failed."""
+        by_group = {g: self.store.group_rows("rollouts", step, g) for g in groups}
+        rows = [r for g in groups for r in by_group[g]]
+        result = self._rewards(rows)
+        at = 0
+        for g in groups:
+            part, n = by_group[g], len(by_group[g])
+            ref, rm = self._models(part)
+            out = []
+            for j, r in enumerate(part):
+                k = at + j
+                total = result.total[k] + (self.rl.reward_model_weight * rm[j] if rm else 0.0)
+                out.append({"step": step, "index": r["index"], "reward": total, "rm_score": rm[j] if rm else None,
+                            **{f"reward_{name}": v[k] for name, v in result.per_fn.items()},
+                            "ref_logprobs": ref[j, :len(r["completion_ids"])].tolist() if ref is not None else None})
+            self.store.write_part("scores", step, g, out)
+            crash_point(f"score-group{g}", step)
+            at += n
+        return result.failures
+
+    def _rewards(self, rows: list[dict]):
+        columns = [json.loads(r["columns"]) for r in rows]
+        keys = sorted({k for c in columns for k in c})
+        return score_completions(self.rl.rewards, [r["completion"] for r in rows],
+                                 {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
+                                 self.reward_worker, self.rl.reward_timeout_s, prompts=[r["prompt"] for r in rows],
+                                 completion_ids=[list(r["completion_ids"]) for r in rows])
+
+    def _models(self, rows: list[dict]):
+        """(reference log-probs (B, T) or None, reward-model scores or None) for one group."""
+        if self.ref is None and self.rm is None:
+            return None, None
+        exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
+        with torch.no_grad():
+            ref = token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
+                                 self.rl.rollout.temperature)[0] if self.ref is not None else None
+            rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist() if self.rm is not None else None
+        return ref, rm
+
+    def close(self) -> None:
+        if self.reward_worker is not None:
+            self.reward_worker.close()
