@@ -70,7 +70,7 @@ def _check_placement(cfg: PipelineConfig) -> None:
     if w.placement == "ray":
         from hindsight.roles.placement import start_ray
 
-        start_ray(w.ray_address, (w.rollout + w.scorer) * w.num_cpus)
+        start_ray(w.ray_address, (w.rollout + w.scorer + w.learner - 1) * w.num_cpus)
 
 
 RL = StageSpec(

@@ -114,6 +114,8 @@ class WorkersConfig(Strict):
     rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
                                               "count never changes what is sampled")
     scorer: int = Field(1, ge=1, description="scorers (reward functions, reference and reward model)")
+    learner: int = Field(1, ge=1, description="learner processes in one torch.distributed group for the stage "
+                                              "(this process and learner - 1 Ray actors); the batch stays global")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
     placement: Literal["local", "ray"] = Field(
         "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
@@ -121,6 +123,13 @@ class WorkersConfig(Strict):
                                                    "fit 2 rollout workers and a scorer on a 2-core laptop)")
     ray_address: str | None = Field(None, description="join this Ray cluster (else $RAY_ADDRESS, else an "
                                                       "embedded local one)")
+
+
+    @model_validator(mode="after")
+    def _ray_for_more_learners(self):
+        if self.learner > 1 and self.placement != "ray":
+            raise ValueError("learner > 1 runs its other ranks as Ray actors: set rl.workers.placement: ray")
+        return self
 
 
 class AsyncConfig(Strict):

@@ -22,6 +22,8 @@ class Experience:
     ref_logprobs: torch.Tensor | None = None  # (B, T)
     advantages: torch.Tensor | None = None    # (B,) or (B, T)
     engine_logprobs: torch.Tensor | None = None  # (B, T) a non-hf engine's own log-probs, for the IS weight
+    values: torch.Tensor | None = None        # (B, T) the critic's values before the update (algorithms with a critic)
+    returns: torch.Tensor | None = None       # (B, T) the critic's targets
     meta: dict = field(default_factory=dict)
 
     @property

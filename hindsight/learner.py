@@ -72,18 +72,48 @@ def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor
     return s.estimator.advantages(x, s.algorithm_settings)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Share:
+    """How one learner's share of a batch joins the whole in the learner group: each loss is
+    scaled to its part of the whole batch's loss, and after each backward the gradients are
+    summed over the group and divided by its size (what DDP does, made explicit, so the critic,
+    whose values are read past the model's forward, is synchronised the same way)."""
+    policy_scale: float = 1.0
+    critic_scale: float = 1.0
+    world: int = 1
+
+    def sync(self, params) -> None:
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # a parameter this share did not reach still takes part in the sum
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])                  # (N,)
+        dist.all_reduce(flat)
+        flat /= self.world
+        at = 0
+        for p in params:
+            p.grad.copy_(flat[at:at + p.numel()].view_as(p))
+            at += p.numel()
+
+
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
-           loss_scale: float = 1.0) -> dict:
+           loss_scale: float = 1.0, share: Share | None = None) -> dict:
     """Train on one stored batch; returns metrics of the last pass (and every pass's ratio).
 
     With `exp.advantages` already set (a process's share of a batch whose advantages were
     computed whole), they are used as they are; `loss_scale` turns that share's loss into
-    its part of the whole batch's loss under DDP (see `distributed.rl_update`).
+    its part of the whole batch's loss under DDP (see `distributed.rl_update`), and `share`
+    does the same in the learner group (`hindsight.roles.learner`).
     """
+    share = share or Share(policy_scale=loss_scale)
     src, exp = exp, exp.to(model_device(model))
     mask = exp.completion_mask                                                   # (B, T)
-    old_values, returns = None, None
-    if s.estimator.needs_critic:
+    old_values, returns = exp.values, exp.returns  # set when a share's advantages came from the whole batch
+    if s.estimator.needs_critic and old_values is None:
         with torch.no_grad():
             old_values = token_values(critic, exp.input_ids, exp.attention_mask, mask.size(1))  # (B, T)
     if exp.advantages is None:
@@ -92,15 +122,15 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
     model.train()
     metrics: dict[str, float] = {}
     for it in range(s.num_iterations):
-        step = _policy_step(model, optimizer, exp, s, loss_scale)
+        step = _policy_step(model, optimizer, exp, s, share)
         if critic is not None:
-            step.update(_critic_step(critic, critic_optimizer, exp, old_values, returns, s))
+            step.update(_critic_step(critic, critic_optimizer, exp, old_values, returns, s, share))
         metrics.update(step)
         metrics[f"ratio_mean/iter{it}"] = step["ratio_mean"]
     return metrics
 
 
-def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, loss_scale: float = 1.0) -> dict:
+def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, share: Share) -> dict:
     mask = exp.completion_mask
     logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
                                    s.temperature, with_entropy=True)             # (B, T), (B, T)
@@ -109,7 +139,8 @@ def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, loss_sca
         is_w = tis_weights(exp.logprobs, exp.engine_logprobs, s.is_cap)         # (B, T)
     loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss, entropy, is_w)
     optimizer.zero_grad(set_to_none=True)
-    (loss * loss_scale).backward()
+    (loss * share.policy_scale).backward()
+    share.sync(model.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
     optimizer.step()
     m = mask.to(entropy.dtype)
@@ -121,12 +152,13 @@ def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, loss_sca
             "entropy": float((entropy.detach() * m).sum() / n), **stats}
 
 
-def _critic_step(critic, optimizer, exp: Experience, old_values, returns, s: LearnerSettings) -> dict:
+def _critic_step(critic, optimizer, exp: Experience, old_values, returns, s: LearnerSettings, share: Share) -> dict:
     critic.train()
     values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1))  # (B, T)
     loss, clipped = value_loss(values, old_values, returns, exp.completion_mask, s.algorithm_settings.value_clip)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * share.critic_scale).backward()
+    share.sync(critic.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
     optimizer.step()
     return {"critic/loss": float(loss.detach()), "critic/grad_norm": float(grad_norm),

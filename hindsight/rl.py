@@ -93,6 +93,7 @@ class RLRun:
         self.version = self.start_step  # the weights version: how many updates the policy has had
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
+        self.learners = self._start_learners(start, policy_path)
         self.rollout_workers, self.pool, self.worker_metrics = self._start_workers(policy_path), None, {}
         if self.rl.workers.placement == "ray":
             from hindsight.roles.placement import RayRolloutPool
@@ -114,6 +115,7 @@ class RLRun:
             return None, None
         p = self.settings.algorithm_settings
         source = str(self.ckpt.critic_dir(start)) if start else (rm_path if p.critic_init == "reward_model" else init_path)
+        self.critic_source = source
         torch.manual_seed(self.cfg.seed)  # a fresh value head starts the same way every run
         critic = load_reward_model(source, self.cfg.model.dtype)
         critic.config.pad_token_id = self.tok.pad_token_id
@@ -238,6 +240,21 @@ class RLRun:
         if found:
             self.ledger.move(step, found, to)
 
+    def _start_learners(self, start: int | None, policy_path: str):
+        """Learner ranks 1..P-1 (rl.workers.learner = P > 1) in one group with this process, for the stage."""
+        if self.rl.workers.learner == 1:
+            return None
+        from hindsight.roles.placement import LearnerGroup
+
+        root = self.ckpt.root
+        paths = {"policy": policy_path, "critic": getattr(self, "critic_source", None) if self.critic else None}
+        if start:
+            paths["optimizer"] = str(root / "optimizer" / f"step-{start:06d}.pt")
+            if self.critic is not None:
+                paths["critic_optimizer"] = str(root / "critic_optimizer" / f"step-{start:06d}.pt")
+        return LearnerGroup(self.rl.workers.learner, self.rl, paths, self.cfg.model.dtype, self.tok.pad_token_id,
+                            self.cfg.seed, self.policy, self.critic)
+
     def _start_scorers(self, rm_path: str | None):
         """(in-process scorers sharing this process's models, or a Ray pool of scorer actors)."""
         if self.rl.workers.placement == "ray":
@@ -261,7 +278,7 @@ class RLRun:
     def close(self) -> None:
         if self.reward_worker is not None:
             self.reward_worker.close()
-        for pool in (self.pool, self.scorer_pool):
+        for pool in (self.pool, self.scorer_pool, self.learners):
             if pool is not None:
                 pool.close()
 
@@ -275,7 +292,10 @@ class RLRun:
         train_rows, train_scores, metrics = self._train_groups(rows, scores)
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
             exp = self.experience_from_rows(train_rows, train_scores)
-            if self.cfg.resources.num_processes > 1:
+            if self.learners is not None:
+                metrics.update(self.learners.update(exp, [r["group"] for r in train_rows], self.policy, self.optimizer,
+                                                    self.critic, self.critic_optimizer, self.settings))
+            elif self.cfg.resources.num_processes > 1:
                 metrics.update(self._launched_update(exp, train_rows))
             else:
                 metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))

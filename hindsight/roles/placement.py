@@ -18,6 +18,7 @@ from pathlib import Path
 from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line
 from hindsight.ledger import Ledger
+from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, share_of
 from hindsight.roles.rollout import GroupTask, RolloutWorker
 from hindsight.roles.scorer import Scorer
 
@@ -49,6 +50,15 @@ def start_ray(address: str | None, need_cpus: float, wait_s: float = 30.0):
     return ray
 
 
+def actor_env(workers) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("HINDSIGHT_FAULT",) if k in os.environ}  # the fault tests' hook
+    if not (workers.ray_address or os.environ.get("RAY_ADDRESS")):
+        # an embedded cluster runs this machine's code: its actors import what this process can
+        # (a reward module beside the config, not installed), as a reward worker process does
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
 def _reachable(address: str, wait_s: float) -> None:
     """A bounded check, so a wrong address is one clear error, not Ray's long retry loop."""
     import socket
@@ -67,13 +77,8 @@ class _Pool:
     def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple):
         self.ray = start_ray(workers.ray_address, 0)  # the stage's preflight checked the cluster's size
         num_cpus, ttl_s = workers.num_cpus, workers.lease_ttl_s
-        env = {k: os.environ[k] for k in ("HINDSIGHT_FAULT",) if k in os.environ}  # the fault tests' hook
-        if not (workers.ray_address or os.environ.get("RAY_ADDRESS")):
-            # an embedded cluster runs this machine's code: its actors import what this process can
-            # (a reward module beside the config, not installed), as a reward worker process does
-            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.actor_cls = self.ray.remote(num_cpus=num_cpus, max_restarts=0,
-                                         runtime_env={"env_vars": env})(actor_cls)
+                                         runtime_env={"env_vars": actor_env(workers)})(actor_cls)
         self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
         self.ledger = Ledger(rl_dir)
         self.actors, self.spawned, self.deaths, self.reassigned = {}, 0, 0, 0
@@ -198,6 +203,57 @@ class ScorerActor:
 
     def score(self, step: int, groups: list[int]) -> dict[str, int]:
         return self.scorer.score(step, groups)
+
+
+class LearnerGroup:
+    """Learner ranks 1..P-1 as Ray actors; this process is rank 0 (see `hindsight.roles.learner`)."""
+
+    def __init__(self, world: int, rl, paths: dict, dtype: str, pad_id: int, seed: int, policy, critic):
+        import socket
+
+        import torch.distributed as dist
+
+        self.ray = start_ray(rl.workers.ray_address, 0)
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        init = f"tcp://{self.ray.util.get_node_ip_address()}:{port}"
+        peer = self.ray.remote(num_cpus=rl.workers.num_cpus, max_restarts=0,
+                               runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
+        self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
+                                  paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=world)
+        broadcast_from_rank0(policy, critic)
+        self.ray.get([p.ready.remote() for p in self.peers])
+        self.world, self.pids = world, None
+
+    def update(self, exp, groups: list[int], policy, optimizer, critic, critic_optimizer, s) -> dict:
+        """Advantages (and the critic's values and returns) on the whole batch here, then every
+        rank trains on its share; returns rank 0's metrics."""
+        import torch
+
+        from hindsight.critic import token_values
+        from hindsight.learner import compute_advantages, update
+
+        if s.estimator.needs_critic:
+            with torch.no_grad():
+                exp.values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1)).cpu()
+        exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
+        exp.meta["groups"] = groups
+        lr = optimizer.param_groups[0]["lr"]
+        calls = [p.update.remote(vars(exp), lr) for p in self.peers]
+        index, share = share_of(exp, 0, self.world, s.loss.loss_agg)
+        metrics = update(policy, optimizer, exp.rows(index), s, critic, critic_optimizer, share=share)
+        self.ray.get(calls)
+        return metrics
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        for p in self.peers:
+            self.ray.kill(p)
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class RolloutActor:

@@ -1,0 +1,67 @@
+"""The learner group (issue 16): P = 2 learner processes in one gloo group for the whole stage
+train the weights a single process trains at the same global batch, for GRPO and for PPO
+with its critic, and no process is started per step."""
+import pytest
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.data import build_demo_data
+from hindsight.models import build_tiny_model
+from hindsight.rl import RLRun
+
+STEPS = 3
+
+
+def varied(completions, **_):
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    import ray
+
+    work = tmp_path_factory.mktemp("learners")
+    build_demo_data(work / "data", seed=0)
+    yield work, str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
+    ray.shutdown()
+
+
+def _run(work, init, run_dir, algorithm, workers):
+    extra = {"ppo": {"critic_lr": 1e-3}} if algorithm == "ppo" else {}
+    cfg = PipelineConfig.model_validate({
+        "name": "learners", "seed": 2, "run_dir": str(run_dir),
+        "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
+        "rl": {"algorithm": algorithm, "steps": STEPS, "prompts_per_step": 3, "samples_per_prompt": 4,
+               "reward_isolation": "inline", "lr": 1e-2, "save_every": 1, "kl": {"coef": 0.05},
+               "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_learner_group:varied"}],
+               "workers": workers, **extra}})
+    run = RLRun(cfg, init, None)
+    pids, spawned = [], []
+    for step in range(STEPS):
+        run.rollout(step), run.score(step), run.update(step)
+        if run.learners is not None:
+            pids.append(run.learners.ray.get([p.pid.remote() for p in run.learners.peers]))
+            spawned.append((run.pool.spawned, run.scorer_pool.spawned))
+    return run, pids, spawned
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_two_learners_train_what_one_trains(init, tmp_path, algorithm):
+    one, _, _ = _run(*init, tmp_path / "one", algorithm, {})
+    two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray", "learner": 2})
+    moved = max((a - b).abs().max().item() for a, b in zip(one.policy.parameters(), two.policy.parameters()))
+    print(f"{algorithm}: 1 vs 2 learners max |diff| {moved:.2e}")
+    for (k, a), (_, b) in zip(one.policy.state_dict().items(), two.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), k
+    if algorithm == "ppo":
+        for (k, a), (_, b) in zip(one.critic.state_dict().items(), two.critic.state_dict().items()):
+            assert torch.allclose(a, b, atol=1e-5), k
+    for step in range(STEPS):  # the same tokens sampled, so the same batches were trained
+        a, b = one.store.read("rollouts", step), two.store.read("rollouts", step)
+        assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
+        for x, y in zip(a, b):
+            assert torch.allclose(torch.tensor(x["logprobs"]), torch.tensor(y["logprobs"]), atol=1e-4)
+    # one group for the whole stage: the same peer process every step, no actor started, no relaunch
+    assert len({tuple(p) for p in pids}) == 1 and len(set(spawned)) == 1
+    assert not (two.dir / "launch").exists()
+    one.close(), two.close()
