@@ -222,6 +222,20 @@ def compare(run_a: str = typer.Argument(..., help="MLflow run id or name"),
     _guard(go, debug)
 
 
+@app.command("scale")
+def scale(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME) of a running RL stage"),
+          rollout: int = typer.Option(..., "--rollout", help="rollout workers from the next step on"),
+          debug: bool = DebugOpt):
+    """Change a running RL stage's rollout workers (rl.workers.placement: ray). A new worker takes
+    leases from the next step, after it has synced the current weights version."""
+    def go():
+        from hindsight.roles.placement import request_scale
+
+        typer.echo(f"wrote {request_scale(run_dir, rollout)}: {rollout} rollout worker(s) from the next step")
+
+    _guard(go, debug)
+
+
 @data_app.command("build")
 def data_build(out: Path = typer.Option(Path("data"), "--out", help="output folder"),
                seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc"),

@@ -162,7 +162,8 @@ class RLRun:
             self.ledger.move(step, written, "sealed")
         todo = [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
         if self.pool is not None:
-            self.worker_metrics = self.pool.dispatch(step, todo, self.store)
+            self.pool.resize(step)
+            self.worker_metrics = {**self.pool.dispatch(step, todo, self.store), "workers/rollout": float(len(self.pool.actors))}
         for worker, share in zip(self.rollout_workers, deal(todo, len(self.rollout_workers))):
             if share:
                 self.ledger.move(step, [t.group for t in share], "leased", worker=worker.id,

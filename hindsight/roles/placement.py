@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from hindsight.errors import ConfigError
-from hindsight.fsutil import append_line
+from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.ledger import Ledger
 from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, share_of
 from hindsight.roles.rollout import GroupTask, RolloutWorker
@@ -48,6 +48,18 @@ def start_ray(address: str | None, need_cpus: float, wait_s: float = 30.0):
     if need_cpus > have:
         raise ConfigError(f"rl.workers asks for {need_cpus:g} CPUs, but the Ray cluster has {have:g}")
     return ray
+
+
+def request_scale(run_dir: str | Path, rollout: int) -> Path:
+    """`hindsight scale`: ask a running RL stage for `rollout` workers from its next step on."""
+    rl_dir = Path(run_dir) / "rl" if (Path(run_dir) / "rl").is_dir() else Path(run_dir)
+    if not (rl_dir / "config.json").exists():
+        raise ConfigError(f"{run_dir}: not an RL run directory (no rl/config.json)")
+    if rollout < 1:
+        raise ConfigError(f"--rollout {rollout}: a run needs at least 1 rollout worker")
+    path = rl_dir / "scale.json"
+    atomic_write_json(path, {"rollout": rollout})
+    return path
 
 
 def actor_env(workers) -> dict[str, str]:
@@ -140,6 +152,22 @@ class RayRolloutPool(_Pool):
         if self.weights is not None:  # a restarted or added worker serves nothing before it syncs
             self.ray.get(self.actors[actor_id].load_weights.remote(self.version, self.weights))
         return actor_id
+
+    def resize(self, step: int) -> None:
+        """Apply a `hindsight scale` request (`rl/scale.json`) at a step boundary: an added worker
+        syncs the current weights before its first lease; a removed one finished its last lease."""
+        want = (read_json(self.dir / "scale.json", default=None) or {}).get("rollout")
+        if not want or want == len(self.actors):
+            return
+        before = list(self.actors)
+        while len(self.actors) < want:
+            self._spawn()
+        for actor_id in list(self.actors)[want:]:
+            self.ray.kill(self.actors.pop(actor_id))
+        event = {"time": time.time(), "step": step, "role": self.role, "scaled": [len(before), want],
+                 "workers": list(self.actors)}
+        append_line(self.dir / "workers.jsonl", json.dumps(event))
+        log.warning("rollout workers scaled from %d to %d at step %d", len(before), want, step)
 
     def publish(self, version: int, state_dict) -> None:
         """A new weights version for every actor, through Ray's object store (put once)."""

@@ -113,6 +113,11 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers=workers))))
 
 
+@case("scale-not-a-run")
+def _(ws, tmp):
+    return Case(["scale", "nowhere", "--rollout", "2"])
+
+
 @case("no-reward")
 def _(ws, tmp):
     return write_text_config(tmp, "rl:\n  rewards: []\n")

@@ -86,3 +86,28 @@ def test_a_scorer_killed_mid_step_is_replaced_and_nothing_is_lost(init, tmp_path
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-5), k
     reference.close(), run.close()
+
+
+def test_a_worker_added_mid_run_joins_and_the_weights_match_a_fixed_size_run(init, tmp_path):
+    """`hindsight scale RUN_DIR --rollout 2` between steps 1 and 2 of a run that started with one."""
+    import subprocess
+    import sys
+
+    work, path = init
+    fixed, _ = _run(work, path, tmp_path / "fixed")
+    cfg = fixed.cfg.model_copy(update={"run_dir": str(tmp_path / "grown")})
+    cfg.rl.workers.placement = "ray"
+    run = RLRun(cfg, path, None)
+    for step in range(STEPS):
+        if step == 2:
+            out = subprocess.run([sys.executable, "-m", "cli", "scale", str(tmp_path / "grown"), "--rollout", "2"],
+                                 capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+        run.rollout(step), run.score(step), run.update(step)
+    workers = [{e.worker for e in run.ledger.read(s).values()} for s in range(STEPS)]
+    assert workers == [{"rollout-0"}, {"rollout-0"}, {"rollout-0", "rollout-1"}]
+    events = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
+    assert [e.get("scaled") for e in events] == [[1, 2]]
+    for (k, a), (_, b) in zip(fixed.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.equal(a, b), k
+    fixed.close(), run.close()
