@@ -83,3 +83,16 @@ def experience_from_rows(rows: list[dict], pad_id: int, group_size: int, scores:
         if scores[0]["ref_logprobs"] is not None:
             exp.ref_logprobs, _ = pad_right([s["ref_logprobs"] for s in scores], 0.0, dtype=torch.float32)
     return exp
+
+
+def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:
+    """Per trained completion: its advantage (the token mean for token-level estimators)."""
+    adv, mask = exp.advantages, exp.completion_mask.to(torch.float32)            # (B,) or (B, T); (B, T)
+    if adv.dim() == 2:
+        per_token = adv
+        adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)                  # (B,)
+    else:
+        per_token = None
+    return [{"step": step, "index": r["index"], "advantage": float(adv[j]),
+             "token_advantages": per_token[j, : len(r["completion_ids"])].tolist() if per_token is not None else None}
+            for j, r in enumerate(rows)]

@@ -20,7 +20,7 @@ from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
 from hindsight.faults import crash_point
-from hindsight.experience import Experience, experience_from_rows
+from hindsight.experience import Experience, advantage_rows, experience_from_rows
 from hindsight.fsutil import append_line, atomic_write_json
 from hindsight.history import MetricsLog, truncate_rows_after
 from hindsight.resume import check_compatible, lr_multiplier
@@ -386,16 +386,3 @@ class RLRun:
         return [rows[j] for j in take], [scores[j] for j in take], {
             "dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/kept_groups": float(len(kept)),
             "replay/trained": float(sum(rows[g * size]["replayed"] for g in kept))}
-
-
-def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:
-    """Per trained completion: its advantage (the token mean for token-level estimators)."""
-    adv, mask = exp.advantages, exp.completion_mask.to(torch.float32)            # (B,) or (B, T); (B, T)
-    if adv.dim() == 2:
-        per_token = adv
-        adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)                  # (B,)
-    else:
-        per_token = None
-    return [{"step": step, "index": r["index"], "advantage": float(adv[j]),
-             "token_advantages": per_token[j, : len(r["completion_ids"])].tolist() if per_token is not None else None}
-            for j, r in enumerate(rows)]
