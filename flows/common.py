@@ -55,7 +55,7 @@ def run_stage(spec: StageSpec, cfg: PipelineConfig, force: bool):
     `cached` comes from Prefect's own state, not from timing.
     """
     task = stage_task.with_options(name=f"{spec.name}-stage", retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
-                                   refresh_cache=force, retry_condition_fn=_transient)
+                                   refresh_cache=force, retry_condition_fn=transient)
 
     def call(*args) -> StageResult:
         state = task(*args, return_state=True)
@@ -73,6 +73,7 @@ def run_stage(spec: StageSpec, cfg: PipelineConfig, force: bool):
     return call
 
 
-def _transient(task, task_run, state) -> bool:
+def transient(task, task_run, state) -> bool:
+    """Retry only unexpected failures: bad input (a HindsightError) would fail the same way again."""
     exc = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     return not isinstance(exc, HindsightError)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import run_declared
+from flows.common import run_declared, transient
 from hindsight.config import PipelineConfig
 from hindsight.errors import AlertStop
 from hindsight.progress import StepProgress
@@ -44,11 +44,16 @@ def rl_story(ctx: StageContext) -> StageOutput:
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
     progress = StepProgress("rl", cfg.rl.steps, start)
+    # a retried rollout or score task takes back its leases and redoes only the groups not yet
+    # written; the update is not retried here (it is not idempotent): the stage's retry resumes
+    # from the newest checkpoint instead
+    retry = {"retries": cfg.retries.count, "retry_delay_seconds": cfg.retries.delay_s, "retry_condition_fn": transient}
+    rollout_step, score_step = rollout_task.with_options(**retry), score_task.with_options(**retry)
     try:
         for step in range(start, cfg.rl.steps):
             done = step + 1
-            rollout = rollout_task(key, step)
-            metrics = {**_numeric(rollout), **_numeric(score_task(key, step)), **update_task(key, step)}
+            rollout = rollout_step(key, step)
+            metrics = {**_numeric(rollout), **_numeric(score_step(key, step)), **update_task(key, step)}
             if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
                 metrics["eval/accuracy"] = evaluate_task(key)
             if rollout.get("replay/ids"):
@@ -70,7 +75,7 @@ def _check_placement(cfg: PipelineConfig) -> None:
     if w.placement == "ray":
         from hindsight.roles.placement import start_ray
 
-        start_ray(w.ray_address, (w.rollout + w.scorer + w.learner - 1) * w.num_cpus)
+        start_ray(w.ray_address, w.needs())
 
 
 RL = StageSpec(

@@ -110,6 +110,11 @@ class KLConfig(Strict):
         "loss", alias="in", description="loss: a KL term in the policy loss; reward: a penalty folded into the reward")
 
 
+class RoleResources(Strict):
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
 class WorkersConfig(Strict):
     rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
                                               "count never changes what is sampled")
@@ -119,11 +124,21 @@ class WorkersConfig(Strict):
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
     placement: Literal["local", "ray"] = Field(
         "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
-    num_cpus: float = Field(0.5, gt=0, description="CPUs each Ray rollout or scorer actor reserves (the defaults "
-                                                   "fit 2 rollout workers and a scorer on a 2-core laptop)")
+    resources: dict[Literal["rollout", "scorer", "learner"], RoleResources] = Field(
+        default_factory=dict, description="what each Ray actor of a role reserves; default 0.5 CPU, no GPU (2 "
+                                          "rollout workers and a scorer fit a 2-core laptop)")
     ray_address: str | None = Field(None, description="join this Ray cluster (else $RAY_ADDRESS, else an "
                                                       "embedded local one)")
 
+
+    def of(self, role: str) -> RoleResources:
+        return self.resources.get(role) or RoleResources()
+
+    def needs(self) -> dict[str, float]:
+        """What the whole layout reserves on the cluster (learner rank 0 is the stage's process)."""
+        counts = {"rollout": self.rollout, "scorer": self.scorer, "learner": self.learner - 1}
+        return {"CPU": sum(n * self.of(r).num_cpus for r, n in counts.items()),
+                "GPU": sum(n * self.of(r).num_gpus for r, n in counts.items())}
 
     @model_validator(mode="after")
     def _ray_for_more_learners(self):

@@ -25,9 +25,9 @@ from hindsight.roles.scorer import Scorer
 log = logging.getLogger("hindsight.workers")
 
 
-def start_ray(address: str | None, need_cpus: float, wait_s: float = 30.0):
+def start_ray(address: str | None, needs: dict[str, float] | None = None, wait_s: float = 30.0):
     """Join `address` (or $RAY_ADDRESS), else start an embedded local Ray sized to this machine.
-    Refuses a worker layout that asks for more CPUs than the cluster has, before any model loads."""
+    Refuses a worker layout that asks for more CPUs or GPUs than the cluster has, before any model loads."""
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS")
@@ -44,9 +44,10 @@ def start_ray(address: str | None, need_cpus: float, wait_s: float = 30.0):
         except Exception as exc:  # ray raises several types for an unreachable or broken cluster
             raise ConfigError(f"rl.workers: cannot start or join Ray at {address or 'a local embedded cluster'}: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    have = ray.cluster_resources().get("CPU", 0.0)
-    if need_cpus > have:
-        raise ConfigError(f"rl.workers asks for {need_cpus:g} CPUs, but the Ray cluster has {have:g}")
+    for kind, need in (needs or {}).items():
+        have = ray.cluster_resources().get(kind, 0.0)
+        if need > have:
+            raise ConfigError(f"rl.workers asks for {need:g} {kind}s, but the Ray cluster has {have:g}")
     return ray
 
 
@@ -87,9 +88,9 @@ class _Pool:
     role = "worker"
 
     def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple):
-        self.ray = start_ray(workers.ray_address, 0)  # the stage's preflight checked the cluster's size
-        num_cpus, ttl_s = workers.num_cpus, workers.lease_ttl_s
-        self.actor_cls = self.ray.remote(num_cpus=num_cpus, max_restarts=0,
+        self.ray = start_ray(workers.ray_address)  # the stage's preflight checked the cluster's size
+        ttl_s, res = workers.lease_ttl_s, workers.of(self.role)
+        self.actor_cls = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                          runtime_env={"env_vars": actor_env(workers)})(actor_cls)
         self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
         self.ledger = Ledger(rl_dir)
@@ -241,12 +242,13 @@ class LearnerGroup:
 
         import torch.distributed as dist
 
-        self.ray = start_ray(rl.workers.ray_address, 0)
+        self.ray = start_ray(rl.workers.ray_address)
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         init = f"tcp://{self.ray.util.get_node_ip_address()}:{port}"
-        peer = self.ray.remote(num_cpus=rl.workers.num_cpus, max_restarts=0,
+        res = rl.workers.of("learner")
+        peer = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
         self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
                                   paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]

@@ -103,7 +103,7 @@ def _(ws, tmp):
 
 @case("workers-too-many-cpus")
 def _(ws, tmp):
-    workers = {"placement": "ray", "rollout": 64, "num_cpus": 1}
+    workers = {"placement": "ray", "rollout": 64, "resources": {"rollout": {"num_cpus": 1}}}
     return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers=workers))))
 
 
