@@ -95,3 +95,23 @@ def test_permanent_failure_names_the_stage_and_the_rerun_resumes(work):
     assert runs[-1].data.tags["hindsight.resumed_from_step"] == "2"
     assert runs[-1].data.metrics["rollout/reused"] == 1.0  # step 2's stored shard was trained on, not resampled
     assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(4)]
+
+
+def test_a_failed_rollout_task_is_retried_as_a_task_and_re_leases_its_work(work, prefect_api):
+    """A transient failure in the rollout task (after the step's groups were written) is
+    retried by Prefect as that task, not as the stage: one MLflow attempt, the step's parts
+    kept and merged, no group sampled twice."""
+    work, env, name = work
+    result = _rl(work, env, fault="raise:rollout:1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="rollout")))
+        retried = [r for r in runs if r.run_count == 2 and r.state.is_completed()]
+        assert len(retried) == 1, [(r.name, r.run_count, r.state.type) for r in runs]
+        assert [s.name for s in client.read_task_run_states(retried[0].id)][-2:] == ["Retrying", "Completed"]
+    _, mlflow_runs = _rl_runs(env)
+    assert [r.data.tags["hindsight.attempt"] for r in mlflow_runs] == ["1"]  # the stage itself never retried
+    import json
+
+    ledger = json.loads((work / "runs" / name / "rl" / "ledger" / "step-000001.json").read_text())
+    assert [e["leases"] for e in ledger.values()] == [1, 1] and [e["trained"] for e in ledger.values()] == [1, 1]
