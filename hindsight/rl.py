@@ -29,16 +29,12 @@ from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
 from hindsight.ledger import Ledger
+from hindsight.roles import deal
 from hindsight.roles.rollout import GroupTask, RolloutWorker
 from hindsight.roles.scorer import Scorer
 from hindsight.scoring import load_reward_fn
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
-
-
-def deal(items: list, n: int) -> list[list]:
-    """Round-robin shares for n workers."""
-    return [items[i::n] for i in range(n)]
 
 
 def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int]:
@@ -94,13 +90,8 @@ class RLRun:
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.learners = self._start_learners(start, policy_path)
-        self.rollout_workers, self.pool, self.worker_metrics = self._start_workers(policy_path), None, {}
-        if self.rl.workers.placement == "ray":
-            from hindsight.roles.placement import RayRolloutPool
-
-            self.pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, cfg.model.dtype, cfg.seed,
-                                       self.dir, init_path)
-            self.pool.publish(self.version, self.policy.state_dict())
+        self.rollout_workers, self.pool = self._start_workers(policy_path)
+        self.worker_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._failures: dict[int, dict[str, int]] = {}  # reward failures per step, until `score` logs them
         self.scorers, self.scorer_pool = self._start_scorers(rm_path)
         self.history = MetricsLog(self.dir / "metrics.jsonl")
@@ -111,6 +102,7 @@ class RLRun:
     def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
         """The value model of an algorithm with a critic (PPO): from the checkpoint on resume,
         else the reward model or the policy."""
+        self.critic_source = None
         if not self.settings.estimator.needs_critic:
             return None, None
         p = self.settings.algorithm_settings
@@ -248,7 +240,7 @@ class RLRun:
         from hindsight.roles.placement import LearnerGroup
 
         root = self.ckpt.root
-        paths = {"policy": policy_path, "critic": getattr(self, "critic_source", None) if self.critic else None}
+        paths = {"policy": policy_path, "critic": self.critic_source}
         if start:
             paths["optimizer"] = str(root / "optimizer" / f"step-{start:06d}.pt")
             if self.critic is not None:
@@ -266,15 +258,20 @@ class RLRun:
         return [Scorer(f"local-scorer-{i}", self.rl, self.tok.pad_token_id, self.ref, self.rm, self.reward_worker, self.store)
                 for i in range(self.rl.workers.scorer)], None
 
-    def _start_workers(self, policy_path: str) -> list[RolloutWorker]:
-        """In-process rollout workers sharing the learner's policy object (none with Ray placement)."""
-        if self.rl.workers.placement != "local":
-            return []
+    def _start_workers(self, policy_path: str):
+        """(in-process rollout workers sharing the learner's policy object, or a Ray pool of them)."""
+        if self.rl.workers.placement == "ray":
+            from hindsight.roles.placement import RayRolloutPool
+
+            pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, self.cfg.model.dtype, self.cfg.seed,
+                                  self.dir, self.init_path)
+            pool.publish(self.version, self.policy.state_dict())
+            return [], pool
         workers = [RolloutWorker(f"local-{i}", self.policy, self.tok, self.rl, self.cfg.seed, self.store, self.init_path)
                    for i in range(self.rl.workers.rollout)]
         for worker in workers:
             worker.load_weights(self.version)
-        return workers
+        return workers, None
 
     def close(self) -> None:
         if self.reward_worker is not None:

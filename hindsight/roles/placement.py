@@ -18,6 +18,7 @@ from pathlib import Path
 from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.ledger import Ledger
+from hindsight.roles import deal
 from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, share_of
 from hindsight.roles.rollout import GroupTask, RolloutWorker
 from hindsight.roles.scorer import Scorer
@@ -180,7 +181,7 @@ class RayRolloutPool(_Pool):
         todo = list(tasks)
         while todo:
             calls = {}
-            for actor_id, share in zip(list(self.actors), _deal(todo, len(self.actors))):
+            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors))):
                 if share:
                     self.ledger.move(step, [t.group for t in share], "leased", worker=actor_id, ttl_s=self.ttl)
                     calls[self.actors[actor_id].generate.remote(share, self.version)] = actor_id
@@ -209,7 +210,7 @@ class RayScorerPool(_Pool):
         todo = list(groups)
         while todo:
             calls, given = {}, {}
-            for actor_id, share in zip(list(self.actors), _deal(todo, len(self.actors))):
+            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors))):
                 if share:
                     calls[self.actors[actor_id].score.remote(step, share)] = actor_id
                     given[actor_id] = share
@@ -297,7 +298,3 @@ class RolloutActor:
 
     def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
         return self.worker.generate(tasks, version)
-
-
-def _deal(items: list, n: int) -> list[list]:
-    return [items[i::n] for i in range(n)]
