@@ -92,6 +92,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture(scope="module")
+def tiny_init(tmp_path_factory):
+    """(a folder with the demo data under data/, a tiny model's path) for RL tests on this module's runs."""
+    from hindsight.data import build_demo_data
+    from hindsight.models import build_tiny_model
+
+    work = tmp_path_factory.mktemp("tiny")
+    build_demo_data(work / "data", seed=0)
+    return work, str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]

@@ -5,24 +5,17 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model
 from hindsight.rl import RLRun
 
 STEPS = 3
 
 
-def varied(completions, **_):
-    return [float(len(c) % 3) for c in completions]
-
 
 @pytest.fixture(scope="module")
-def init(tmp_path_factory):
+def init(tiny_init):
     import ray
 
-    work = tmp_path_factory.mktemp("learners")
-    build_demo_data(work / "data", seed=0)
-    yield work, str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
+    yield tiny_init
     ray.shutdown()
 
 
@@ -33,7 +26,7 @@ def _run(work, init, run_dir, algorithm, workers):
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"algorithm": algorithm, "steps": STEPS, "prompts_per_step": 3, "samples_per_prompt": 4,
                "reward_isolation": "inline", "lr": 1e-2, "save_every": 1, "kl": {"coef": 0.05},
-               "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_learner_group:varied"}],
+               "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "helpers:varied"}],
                "workers": workers, **extra}})
     run = RLRun(cfg, init, None)
     pids, spawned = [], []

@@ -5,20 +5,13 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model
 from hindsight.rl import RLRun
 
 
-def varied(completions, **_):
-    return [float(len(c) % 3) for c in completions]
-
 
 @pytest.fixture(scope="module")
-def init(tmp_path_factory):
-    work = tmp_path_factory.mktemp("roles")
-    build_demo_data(work / "data", seed=0)
-    return work, str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
+def init(tiny_init):
+    return tiny_init
 
 
 def _cfg(work, run_dir, **rl):
@@ -26,7 +19,7 @@ def _cfg(work, run_dir, **rl):
         "name": "roles", "seed": 3, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"steps": 3, "prompts_per_step": 5, "samples_per_prompt": 4, "reward_isolation": "inline", "lr": 1e-2,
-               "save_every": 1, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_roles:varied"}], **rl}})
+               "save_every": 1, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "helpers:varied"}], **rl}})
 
 
 def _train(run, steps):
