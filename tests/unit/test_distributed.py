@@ -108,7 +108,10 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
     start = load_file(f"{init}/model.safetensors")
     assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3
     print(f"rl update ({agg}, {prompts} groups): 1 vs 2 processes max |diff| {max_diff(a, b):.2e}")
-    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), max_diff(a, b)  # measured: 8.5e-07
+    # measured 4.5e-5 (8.5e-7 before rollouts were sampled a group at a time): the float noise of
+    # a 2-way all-reduce flips the sign of a few near-zero gradients (|g| ~1e-7) and Adam's
+    # normalised step makes that lr-sized on those weights, which shifts step 2 a little
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a), max_diff(a, b)
     assert two.optimizer.state_dict()["state"][0]["step"] == 2  # the optimizer state came back too
     assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)  # clipped on the all-reduced gradient
 
