@@ -17,6 +17,11 @@ from hindsight.experience import Experience
 from hindsight.learner import Share, learner_settings, update
 
 
+def process_group_backend() -> str:
+    """NCCL between GPUs, gloo on a CPU."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def share_of(exp: Experience, rank: int, world: int, agg: str) -> tuple[list[int], Share]:
     """This rank's rows of the batch, and how its losses join the whole batch's."""
     index, override = padded_share(exp.meta["groups"], rank, world)
@@ -46,7 +51,7 @@ class LearnerPeer:
 
         from hindsight.models import disable_dropout, load_causal_lm, load_reward_model
 
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+        dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world)
         self.rank, self.world, self.settings = rank, world, learner_settings(rl)
         self.policy = load_causal_lm(policy_path, dtype)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=rl.lr, weight_decay=0.0)

@@ -19,7 +19,7 @@ from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.ledger import Ledger
 from hindsight.roles import deal
-from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, share_of
+from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, process_group_backend, share_of
 from hindsight.roles.rollout import GroupTask, RolloutWorker
 from hindsight.roles.scorer import Scorer
 
@@ -95,7 +95,7 @@ class _Pool:
                                          runtime_env={"env_vars": actor_env(workers)})(actor_cls)
         self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
         self.ledger = Ledger(rl_dir)
-        self.actors, self.spawned, self.deaths, self.reassigned = {}, 0, 0, 0
+        self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
         for _ in range(n):
             self._spawn()
 
@@ -103,6 +103,7 @@ class _Pool:
         actor_id = f"{self.role}-{self.spawned}"
         self.spawned += 1
         self.actors[actor_id] = self.actor_cls.remote(actor_id, *self.args)
+        self.hosts[actor_id] = self.ray.get(self.actors[actor_id].where.remote())  # for the death record
         return actor_id
 
     def _replace(self, step: int, actor_id: str, why: str, written: list[int], back: list[int]) -> None:
@@ -110,11 +111,12 @@ class _Pool:
         new_id = self._spawn()
         self.deaths += 1
         self.reassigned += len(back)
-        event = {"time": time.time(), "step": step, "role": self.role, "worker": actor_id, "why": why,
-                 "written": written, "reassigned": back, "replacement": new_id}
+        event = {"time": time.time(), "step": step, "role": self.role, "worker": actor_id,
+                 "host": self.hosts.pop(actor_id, "?"), "why": why, "written": written, "reassigned": back,
+                 "replacement": new_id}
         append_line(self.dir / "workers.jsonl", json.dumps(event))
-        log.warning("%s %s %s at step %d: kept groups %s, reassigning %s; started %s",
-                    self.role, actor_id, why, step, written, back, new_id)
+        log.warning("%s %s on %s %s at step %d: kept groups %s, reassigning %s; started %s",
+                    self.role, actor_id, event["host"], why, step, written, back, new_id)
 
     def _run(self, calls: dict):
         """Wait for the calls (ref -> actor id) up to the lease time; yields (actor id, result or
@@ -234,6 +236,9 @@ class ScorerActor:
     def score(self, step: int, groups: list[int]) -> dict[str, int]:
         return self.scorer.score(step, groups)
 
+    def where(self) -> str:
+        return _where()
+
 
 class LearnerGroup:
     """Learner ranks 1..P-1 as Ray actors; this process is rank 0 (see `hindsight.roles.learner`)."""
@@ -253,7 +258,7 @@ class LearnerGroup:
                                runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
         self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
                                   paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]
-        dist.init_process_group("gloo", init_method=init, rank=0, world_size=world)
+        dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world)
         broadcast_from_rank0(policy, critic)
         self.ray.get([p.ready.remote() for p in self.peers])
         self.world, self.pids = world, None
@@ -298,3 +303,12 @@ class RolloutActor:
 
     def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
         return self.worker.generate(tasks, version)
+
+    def where(self) -> str:
+        return _where()
+
+
+def _where() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -47,12 +47,6 @@ class RolloutWorker:
             disable_dropout(policy)
         return cls(worker_id, policy, load_tokenizer(policy_path), rl, seed, RolloutStore(store_root), init_path)
 
-    def where(self) -> str:
-        import os
-        import socket
-
-        return f"{socket.gethostname()}:{os.getpid()}"
-
     def __init__(self, worker_id: str, policy, tok, rl, seed: int, store: RolloutStore, init_path: str):
         self.id, self.policy, self.tok, self.rl, self.seed, self.store = worker_id, policy, tok, rl, seed, store
         self.init_path = init_path

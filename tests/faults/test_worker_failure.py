@@ -53,7 +53,7 @@ def test_a_rollout_worker_killed_mid_step_is_replaced_and_nothing_is_lost(init, 
     assert (tmp_path / "killed").exists(), "the fault never fired: the test would prove nothing"
     events = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
     assert [(e["step"], e["worker"], e["written"], e["reassigned"]) for e in events] == [(1, "rollout-0", [0], [2])]
-    assert events[0]["replacement"] == "rollout-2"
+    assert events[0]["replacement"] == "rollout-2" and ":" in events[0]["host"]  # host:pid of the dead worker
     assert metrics[1][0]["workers/rollout_deaths"] == 1 and metrics[1][0]["workers/rollout_reassigned_groups"] == 1
     for step in range(STEPS):
         entries = run.ledger.read(step)
