@@ -128,7 +128,7 @@ def run_flow(init: str, work: Path, steps: int) -> dict:
     t0 = time.perf_counter()
     result = rl_flow(cfg, force=True)
     seconds = time.perf_counter() - t0
-    history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(result["run_id"], "reward/mean")
+    history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(result.run_id, "reward/mean")
     stamps = sorted(m.timestamp for m in history)
     return {"seconds": seconds, "steady_step_s": (stamps[-1] - stamps[0]) / 1000 / (len(stamps) - 1)}
 
