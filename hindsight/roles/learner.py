@@ -14,7 +14,16 @@ import torch
 from hindsight.algorithms.base import AlgorithmSettings  # noqa: F401  (documents what settings carry)
 from hindsight.distributed import padded_share, share_scale
 from hindsight.experience import Experience
+from hindsight.faults import crash_point
 from hindsight.learner import Share, learner_settings, update
+
+
+def group_timeout(rl):
+    """A collective a dead rank never joins fails after this, and the stage with it (then
+    Prefect's retry resumes from the newest checkpoint), instead of hanging for gloo's 30 minutes."""
+    from datetime import timedelta
+
+    return timedelta(seconds=rl.workers.lease_ttl_s)
 
 
 def process_group_backend() -> str:
@@ -51,8 +60,9 @@ class LearnerPeer:
 
         from hindsight.models import disable_dropout, load_causal_lm, load_reward_model
 
-        dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world)
-        self.rank, self.world, self.settings = rank, world, learner_settings(rl)
+        dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
+                                timeout=group_timeout(rl))
+        self.rank, self.world, self.settings, self.steps = rank, world, learner_settings(rl), 0
         self.policy = load_causal_lm(policy_path, dtype)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=rl.lr, weight_decay=0.0)
         self.critic = self.critic_optimizer = None
@@ -82,6 +92,8 @@ class LearnerPeer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr  # rank 0's rate, alerts' cuts included
         exp = Experience(**batch)
+        crash_point(f"learner{self.rank}", self.steps)
+        self.steps += 1
         index, share = share_of(exp, self.rank, self.world, self.settings.loss.loss_agg)
         update(self.policy, self.optimizer, exp.rows(index), self.settings, self.critic, self.critic_optimizer,
                share=share)

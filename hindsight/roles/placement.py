@@ -19,7 +19,7 @@ from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.ledger import Ledger
 from hindsight.roles import deal
-from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, process_group_backend, share_of
+from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend, share_of
 from hindsight.roles.rollout import GroupTask, RolloutWorker
 from hindsight.roles.scorer import Scorer
 
@@ -258,7 +258,8 @@ class LearnerGroup:
                                runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
         self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
                                   paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]
-        dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world)
+        dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world,
+                                timeout=group_timeout(rl))
         broadcast_from_rank0(policy, critic)
         self.ray.get([p.ready.remote() for p in self.peers])
         self.world, self.pids = world, None

@@ -58,3 +58,29 @@ def test_two_learners_train_what_one_trains(init, tmp_path, algorithm):
     assert len({tuple(p) for p in pids}) == 1 and len(set(spawned)) == 1
     assert not (two.dir / "launch").exists()
     one.close(), two.close()
+
+
+def test_a_dead_learner_fails_the_stage_and_the_rerun_resumes_from_the_checkpoint(init, tmp_path, monkeypatch):
+    """Learner rank 1 is SIGKILLed in its second update: rank 0's all-reduce gives up after the
+    group's timeout and the stage fails; a new attempt (what Prefect's retry runs) resumes from
+    the newest checkpoint and the stored shards, and ends where an uninterrupted run ends."""
+    work, path = init
+    reference, _, _ = _run(work, path, tmp_path / "reference", "grpo", {})
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"kill_once:learner1:1:{tmp_path / 'killed'}")
+    workers = {"placement": "ray", "learner": 2, "lease_ttl_s": 15}
+    cfg = reference.cfg.model_copy(update={"run_dir": str(tmp_path / "run")})
+    cfg.rl.workers = type(cfg.rl.workers).model_validate(workers)
+    run = RLRun(cfg, path, None)
+    with pytest.raises(RuntimeError):  # torch's DistBackendError: the collective lost its peer
+        try:
+            for step in range(STEPS):
+                run.rollout(step), run.score(step), run.update(step)
+        finally:
+            run.close()  # what the stage's story does before Prefect retries it
+    assert (tmp_path / "killed").exists(), "the fault never fired: the test would prove nothing"
+    resumed, _, _ = _run(work, path, tmp_path / "run", "grpo", workers)
+    assert resumed.start_step == 1  # step 0's checkpoint (save_every 1); step 1 is trained again
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), resumed.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), k
+    assert [e.trained for e in resumed.ledger.read(1).values()] == [1, 1, 1]
+    reference.close(), resumed.close()
