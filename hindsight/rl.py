@@ -19,6 +19,7 @@ from hindsight.alerts import Alert, AlertMonitor
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
+from hindsight.errors import CheckpointError
 from hindsight.faults import crash_point
 from hindsight.experience import Experience, advantage_rows, experience_from_rows
 from hindsight.fsutil import append_line, atomic_write_json
@@ -285,6 +286,10 @@ class RLRun:
         return experience_from_rows(rows, self.tok.pad_token_id, self.rl.samples_per_prompt, scores)
 
     def update(self, step: int) -> dict:
+        already = self.ledger.in_state(step, "trained")
+        if already:  # the kept weights hold this step: training it again would count it twice
+            raise CheckpointError(f"{self.ledger.path(step)}: groups {already} of step {step} are already trained "
+                                  f"into the weights (resume from step {self.start_step}); refusing to train them twice")
         t0 = time.perf_counter()
         rows, scores = self.store.read("rollouts", step), self.store.read("scores", step)
         train_rows, train_scores, metrics = self._train_groups(rows, scores)

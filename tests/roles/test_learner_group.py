@@ -30,7 +30,7 @@ def _run(work, init, run_dir, algorithm, workers):
                "workers": workers, **extra}})
     run = RLRun(cfg, init, None)
     pids, spawned = [], []
-    for step in range(STEPS):
+    for step in range(run.start_step, STEPS):  # as the flow does: a resumed run starts at its checkpoint
         run.rollout(step), run.score(step), run.update(step)
         if run.learners is not None:
             pids.append(run.learners.ray.get([p.pid.remote() for p in run.learners.peers]))

@@ -2,6 +2,8 @@
 never changes what is sampled; the ledger records every group trained exactly once; a step
 cut short resumes from the groups already sealed."""
 import pytest
+
+from hindsight.errors import CheckpointError
 import torch
 
 from hindsight.config import PipelineConfig
@@ -106,3 +108,17 @@ def test_a_retried_rollout_task_releases_its_work_in_the_same_process(init, tmp_
     assert sorted({r["group"] for r in run.store.read("rollouts", 0)}) == [0, 1, 2, 3, 4]
     assert run.ledger.read(0)[2].leases == 2
     run.close()
+
+
+def test_a_step_already_trained_into_the_kept_weights_is_refused(init, tmp_path):
+    work, path = init
+    cfg = _cfg(work, tmp_path / "twice")
+    run = RLRun(cfg, path, None)
+    _train(run, [0])
+    with pytest.raises(CheckpointError, match="groups \\[0, 1, 2, 3, 4\\] of step 0 are already trained"):
+        run.update(0)
+    run.close()
+    resumed = RLRun(cfg, path, None)  # resumes from step 1: step 0 stays trained
+    with pytest.raises(CheckpointError, match="refusing to train them twice"):
+        resumed.update(0)
+    resumed.close()
