@@ -211,6 +211,8 @@ class RLRun:
         self._score_groups(step, groups)
         metrics = {f"reward/failures/{k}": float(v) for k, v in self._failures.pop(step, {}).items()}
         metrics["time/score_s"] = time.perf_counter() - t0
+        if self.scorer_pool is not None:
+            metrics.update(self.scorer_pool.metrics())  # scorer deaths and reassigned groups
         crash_point("score", step)
         path = self.store.merge_parts("scores", step, groups)
         self._mark(step, "sealed", "scored")

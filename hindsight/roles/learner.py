@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from hindsight.algorithms.base import AlgorithmSettings  # noqa: F401  (documents what settings carry)
 from hindsight.distributed import padded_share, share_scale
 from hindsight.experience import Experience
 from hindsight.faults import crash_point

@@ -73,6 +73,7 @@ def test_a_scorer_killed_mid_step_is_replaced_and_nothing_is_lost(init, tmp_path
     assert (tmp_path / "killed").exists(), "the fault never fired: the test would prove nothing"
     events = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
     assert [(e["step"], e["role"], e["written"], e["reassigned"]) for e in events] == [(1, "scorer", [0, 1], [2, 3])]
+    assert metrics[1][1][1]["workers/scorer_deaths"] == 1 and metrics[1][1][1]["workers/scorer_reassigned_groups"] == 2
     for step in range(STEPS):
         assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4
         assert run.store.read("scores", step) == reference.store.read("scores", step)
