@@ -100,6 +100,9 @@ class RolloutConfig(Strict):
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    groups_per_batch: int = Field(1, ge=1, description="hf: sample this many consecutive groups in one batch (one "
+                                                       "prefill per prompt). Batches are fixed by group index, so a "
+                                                       "group's samples never depend on the worker count")
 
 
 class KLConfig(Strict):
@@ -148,6 +151,10 @@ class WorkersConfig(Strict):
 
 
 class AsyncConfig(Strict):
+    max_staleness: int = Field(0, ge=0, description="k: step s is sampled with weights version s - k (version 0 "
+                                                    "for s < k), by a sampler process, while the learner trains "
+                                                    "the k steps before it. 0: on-policy, sampling and learning "
+                                                    "take turns")
     is_correction: Literal["none", "tis"] = Field(
         "none", description="tis: weight the policy loss by min(p_learner / p_engine, is_cap), the gap between "
                             "the sampling engine's log-probs (vLLM) and the learner's recompute of them")
@@ -278,6 +285,14 @@ class RLConfig(Strict):
     def _consistent(self):
         if not self.rewards and self.reward_model_weight == 0:
             raise ValueError("rl needs at least one reward function or reward_model_weight > 0")
+        if self.async_.max_staleness:
+            # a further dynamic-sampling round needs the step's scores before sampling again, and
+            # the Ray pool and the accelerate relaunch have their own samplers: not built for k >= 1
+            for bad, why in ((self.dynamic_sampling.enabled, "dynamic_sampling.enabled"),
+                             (self.workers.placement == "ray", "workers.placement: ray"),
+                             (self.workers.rollout > 1, "workers.rollout > 1")):
+                if bad:
+                    raise ValueError(f"async.max_staleness >= 1 runs one sampler process; it does not combine with {why}")
         return self
 
     def algorithm_settings(self):

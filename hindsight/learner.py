@@ -16,7 +16,7 @@ from hindsight.algorithms.base import AdvantageInputs, AlgorithmSettings
 from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss, tis_weights, value_loss
 from hindsight.critic import token_values
 from hindsight.experience import Experience
-from hindsight.logprobs import model_device, token_logprobs
+from hindsight.logprobs import group_token_logprobs, model_device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,8 +132,8 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
 
 def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, share: Share) -> dict:
     mask = exp.completion_mask
-    logp, entropy = token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1),
-                                   s.temperature, with_entropy=True)             # (B, T), (B, T)
+    logp, entropy = group_token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1), exp.group_size,
+                                         s.temperature, with_entropy=True)       # (B, T), (B, T)
     is_w = None
     if s.is_correction == "tis" and exp.engine_logprobs is not None:
         is_w = tis_weights(exp.logprobs, exp.engine_logprobs, s.is_cap)         # (B, T)

@@ -36,6 +36,59 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return logp, entropy
 
 
+def cache_kwargs(model, cache) -> dict:
+    """The keyword a model's forward takes its KV cache by: `cache` from transformers 5.x on,
+    `past_key_values` before (still accepted, with a deprecation warning per process)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
+def output_cache(out):
+    return getattr(out, "cache", None) or out.past_key_values
+
+
+def shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int, group_size: int) -> bool:
+    """Whether the rows come in groups of `group_size` that hold one prompt each (then the
+    prompt can be run once per group)."""
+    b, width = input_ids.shape
+    if group_size <= 1 or b % group_size or width - n_completion < 1:
+        return False
+    p = width - n_completion
+    ids, mask = input_ids[:, :p].view(b // group_size, group_size, p), attention_mask[:, :p].view(b // group_size, group_size, p)
+    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+
+
+def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
+                         group_size: int, temperature: float = 1.0, with_entropy: bool = False):
+    """`token_logprobs`, with each group's shared prompt run once: its keys and values are
+    copied to the group's G rows and only the completions run per row. The same maths as one
+    forward over (prompt + completion) per row (gradients flow through the copied cache to the
+    prompt), at about P/G + T tokens per row instead of P + T. Rows that do not share their
+    prompts in groups take the plain path."""
+    if not shares_prompts(input_ids, attention_mask, n_completion, group_size):
+        return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy)
+    dev = model_device(model)
+    input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
+    p = input_ids.size(1) - n_completion
+    prompt, pmask = input_ids[::group_size, :p], attention_mask[::group_size, :p]            # (B/G, P)
+    out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True)
+    cache = output_cache(out)
+    cache.batch_repeat_interleave(group_size)                                                 # (B, ...) per layer
+    first = out.logits[:, -1:].repeat_interleave(group_size, 0)                               # (B, 1, V)
+    pos = position_ids(attention_mask)                                                        # (B, P+T)
+    rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, p:-1],
+                 **cache_kwargs(model, cache)).logits                                # (B, T-1, V)
+    logits = torch.cat([first, rest], dim=1).float() / temperature                           # (B, T, V)
+    targets = input_ids[:, p:]                                                                # (B, T)
+    logsm = torch.log_softmax(logits, dim=-1)                                                 # (B, T, V)
+    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                                # (B, T)
+    if not with_entropy:
+        return logp, None
+    return logp, -(logsm.exp() * logsm).sum(-1)                                               # (B, T)
+
+
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Scalar reward-model scores, (B,), for right- or left-padded sequences."""
     input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)

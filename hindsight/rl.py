@@ -11,6 +11,7 @@ import json
 import math
 import random
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from hindsight.models import disable_dropout, load_causal_lm, load_reward_model,
 from hindsight.reward_worker import RewardWorker
 from hindsight.ledger import Ledger
 from hindsight.roles import deal
-from hindsight.roles.rollout import GroupTask, RolloutWorker
+from hindsight.roles.rollout import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.roles.scorer import Scorer
 from hindsight.scoring import load_reward_fn
 from hindsight.replay import pick_hard_examples, signal_groups
@@ -157,10 +158,12 @@ class RLRun:
         if self.pool is not None:
             self.pool.resize(step)
             self.worker_metrics = {**self.pool.dispatch(step, todo, self.store), "workers/rollout": float(len(self.pool.actors))}
-        for worker, share in zip(self.rollout_workers, deal(todo, len(self.rollout_workers))):
-            if share:
-                self.ledger.move(step, [t.group for t in share], "leased", worker=worker.id,
-                                 ttl_s=self.rl.workers.lease_ttl_s)
+        todo = with_batch_mates(todo, tasks, self.rl.rollout.groups_per_batch)
+        unit = partial(batch_of, groups_per_batch=self.rl.rollout.groups_per_batch)
+        for worker, share in zip(self.rollout_workers, deal(todo, len(self.rollout_workers), unit)):
+            mine = [t.group for t in share if t.write]
+            if mine:
+                self.ledger.move(step, mine, "leased", worker=worker.id, ttl_s=self.rl.workers.lease_ttl_s)
                 self.ledger.move(step, worker.generate(share, self.version), "sealed")
         return [row for t in tasks for row in self.store.read_part("rollouts", step, t.group)]
 

@@ -5,6 +5,12 @@ the maths they call is the same either way, and none of it imports ray.
 """
 
 
-def deal(items: list, n: int) -> list[list]:
-    """Round-robin shares of `items` for n workers."""
-    return [items[i::n] for i in range(n)]
+def deal(items: list, n: int, unit=None) -> list[list]:
+    """Round-robin shares of `items` for n workers; items with the same `unit(item)` (a sampling
+    batch) stay together in one share."""
+    if unit is None:
+        return [items[i::n] for i in range(n)]
+    units: dict = {}
+    for item in items:
+        units.setdefault(unit(item), []).append(item)
+    return [[x for u in list(units.values())[i::n] for x in u] for i in range(n)]

@@ -1,21 +1,22 @@
 """A rollout worker: a policy copy and an engine; it generates the groups it is given.
 
-Each group is sampled on its own, seeded by (run seed, step, group), so what a group holds
-does not depend on which worker generated it, on how many workers there are, or on whether
-it was generated again after a worker died. Each finished group is written at once as a
+Each group draws its randomness from its own generator, seeded by (run seed, step, group), and
+the hf engine samples a fixed batch of groups at once (`rollout.groups_per_batch`, set by group
+index), so what a group holds does not depend on which worker generated it, on how many
+workers there are, or on whether it was generated again after a worker died. Each finished group is written at once as a
 part shard, so a worker that dies mid-lease loses only the groups it had not finished.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.logprobs import token_logprobs
-from hindsight.rollout.hf import generate
+from hindsight.rollout.sampler import sample_groups
 from hindsight.store import RolloutStore
 
 
@@ -25,6 +26,24 @@ class GroupTask:
     group: int
     round: int
     prompt: dict     # the data row, with its "id" (and "_replayed" for a hard example)
+    write: bool = True  # False: sampled only as the batch-mate of a group that is (its part exists)
+
+
+def batch_of(task: GroupTask, groups_per_batch: int) -> tuple[int, int]:
+    """The sampling batch a group belongs to: fixed by its index, never by who samples it."""
+    return task.round, task.group // groups_per_batch
+
+
+def with_batch_mates(todo: list[GroupTask], tasks: list[GroupTask], groups_per_batch: int) -> list[GroupTask]:
+    """`todo`, plus the already-written groups that share a sampling batch with one of them, marked
+    not to be written: they are sampled again so the batch, and so every bit of the groups that
+    are written, is what it was in an uninterrupted run."""
+    if groups_per_batch == 1:
+        return todo
+    wanted = {batch_of(t, groups_per_batch) for t in todo}
+    pending = {t.group for t in todo}
+    return [t if t.group in pending else replace(t, write=False)
+            for t in tasks if batch_of(t, groups_per_batch) in wanted]
 
 
 class StaleWeights(RuntimeError):
@@ -65,17 +84,36 @@ class RolloutWorker:
         if version != self.version:
             raise StaleWeights(f"worker {self.id} holds weights v{self.version}, asked for v{version}")
         done = []
-        for task in tasks:
-            self.store.write_part("rollouts", task.step, task.group, self._group_rows(task))
-            done.append(task.group)
-            crash_point(f"rollout-group{task.group}", task.step)
+        for batch in self._batches(tasks):
+            exp = self._generate_batch(batch)
+            size = self.rl.samples_per_prompt
+            for i, task in enumerate(batch):
+                if task.write:
+                    self.store.write_part("rollouts", task.step, task.group,
+                                          self._group_rows(task, exp.rows(list(range(i * size, (i + 1) * size)))))
+                    done.append(task.group)
+                    crash_point(f"rollout-group{task.group}", task.step)
         return done
 
-    def _group_rows(self, task: GroupTask) -> list[dict]:
+    def _batches(self, tasks: list[GroupTask]) -> list[list[GroupTask]]:
+        """hf samples a batch of groups at once (`rollout.groups_per_batch`); other engines one group."""
+        k = self.rl.rollout.groups_per_batch if self.rl.rollout.backend == "hf" else 1
+        out: dict = {}
+        for task in tasks:
+            out.setdefault(batch_of(task, k), []).append(task)
+        return list(out.values())
+
+    def _generate_batch(self, batch: list[GroupTask]) -> Experience:
+        r, size = self.rl.rollout, self.rl.samples_per_prompt
+        seeds = [group_seed(self.seed, t.step, t.group) for t in batch]
+        if r.backend == "hf":
+            return sample_groups(self.policy, self.tok, [t.prompt["prompt"] for t in batch], seeds, size,
+                                 r.max_new_tokens, r.temperature, r.top_p)
+        (task,) = batch
+        return self._learner_logprobs(self._generate(task.prompt["prompt"], seeds[0]))
+
+    def _group_rows(self, task: GroupTask, exp: Experience) -> list[dict]:
         src, size = task.prompt, self.rl.samples_per_prompt
-        exp = self._generate(src["prompt"], group_seed(self.seed, task.step, task.group))
-        if self.rl.rollout.backend != "hf":
-            exp = self._learner_logprobs(exp)
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         columns = json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")})
         rows = []
@@ -95,8 +133,6 @@ class RolloutWorker:
 
     def _generate(self, prompt: str, seed: int) -> Experience:
         r, size = self.rl.rollout, self.rl.samples_per_prompt
-        if r.backend == "hf":
-            return generate(self.policy, self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed)
         if self.engine is None:
             from hindsight.rollout.vllm import VLLMEngine
 

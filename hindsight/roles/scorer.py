@@ -13,7 +13,7 @@ import torch
 
 from hindsight.experience import experience_from_rows
 from hindsight.faults import crash_point
-from hindsight.logprobs import sequence_scores, token_logprobs
+from hindsight.logprobs import group_token_logprobs, sequence_scores
 from hindsight.scoring import score_completions
 from hindsight.store import RolloutStore
 
@@ -70,8 +70,8 @@ class Scorer:
             return None, None
         exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
         with torch.no_grad():
-            ref = token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
-                                 self.rl.rollout.temperature)[0] if self.ref is not None else None
+            ref = group_token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
+                                       exp.group_size, self.rl.rollout.temperature)[0] if self.ref is not None else None
             rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist() if self.rm is not None else None
         return ref, rm
 

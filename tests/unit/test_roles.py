@@ -29,11 +29,15 @@ def _train(run, steps):
         run.rollout(step), run.score(step), run.update(step)
 
 
-def test_one_or_two_rollout_workers_sample_and_train_the_same(init, tmp_path):
+@pytest.mark.parametrize("groups_per_batch", [1, 2])
+def test_one_or_two_rollout_workers_sample_and_train_the_same(init, tmp_path, groups_per_batch):
+    """Also with batched sampling: batches are fixed by group index ({0,1}, {2,3}, {4}) and
+    dealt whole, so two workers sample the very batches one worker does."""
     work, path = init
     runs = {}
     for n in (1, 2):
-        run = RLRun(_cfg(work, tmp_path / f"n{n}", workers={"rollout": n}), path, None)
+        run = RLRun(_cfg(work, tmp_path / f"n{n}", workers={"rollout": n},
+                         rollout={"max_new_tokens": 5, "groups_per_batch": groups_per_batch}), path, None)
         _train(run, range(3))
         runs[n] = run
     for step in range(3):
@@ -50,31 +54,35 @@ def test_one_or_two_rollout_workers_sample_and_train_the_same(init, tmp_path):
         run.close()
 
 
-def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch):
-    """A crash after three of five groups were sealed: the rerun samples only the other two, and
-    the step's shard equals an uninterrupted run's."""
+@pytest.mark.parametrize("groups_per_batch", [1, 2])
+def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch, groups_per_batch):
+    """A crash after three of five groups were sealed: the rerun writes only the other two, and
+    the step's shard equals an uninterrupted run's. With batches of 2 the crash splits batch
+    {2, 3}: group 2 is sampled again as 3's batch-mate (not written), so 3 is bit for bit what
+    the uninterrupted run sampled."""
     from hindsight.roles.rollout import RolloutWorker
 
     work, path = init
-    clean = RLRun(_cfg(work, tmp_path / "clean"), path, None)
+    rollout = {"max_new_tokens": 5, "groups_per_batch": groups_per_batch}
+    clean = RLRun(_cfg(work, tmp_path / "clean", rollout=rollout), path, None)
     clean.rollout(0)
-    cfg = _cfg(work, tmp_path / "cut")
+    cfg = _cfg(work, tmp_path / "cut", rollout=rollout)
     run = RLRun(cfg, path, None)
     real = RolloutWorker._group_rows
     calls = []
 
-    def dies_after_three(self, task):
+    def dies_after_three(self, task, exp):
         if len(calls) == 3:
             raise RuntimeError("worker died")
         calls.append(task.group)
-        return real(self, task)
+        return real(self, task, exp)
 
     monkeypatch.setattr(RolloutWorker, "_group_rows", dies_after_three)
     with pytest.raises(RuntimeError):
         run.rollout(0)
     # the coordinator never heard back: all five are still leased, three parts are on disk
     assert run.ledger.in_state(0, "leased") == [0, 1, 2, 3, 4] and run.store.has_part("rollouts", 0, 2)
-    monkeypatch.setattr(RolloutWorker, "_group_rows", lambda self, task: calls.append(task.group) or real(self, task))
+    monkeypatch.setattr(RolloutWorker, "_group_rows", lambda self, task, exp: calls.append(task.group) or real(self, task, exp))
     resumed = RLRun(cfg, path, None)  # a new process: the dead one's leases end
     assert resumed.ledger.in_state(0, "pending") == [0, 1, 2, 3, 4]  # the dead process's leases ended
     resumed.rollout(0)
@@ -93,12 +101,12 @@ def test_a_retried_rollout_task_releases_its_work_in_the_same_process(init, tmp_
     run = RLRun(_cfg(work, tmp_path / "retry"), path, None)
     real, calls = RolloutWorker._group_rows, []
 
-    def flaky(self, task):
+    def flaky(self, task, exp):
         if task.group == 2 and task.group not in calls:
             calls.append(task.group)
             raise RuntimeError("transient")
         calls.append(task.group)
-        return real(self, task)
+        return real(self, task, exp)
 
     monkeypatch.setattr(RolloutWorker, "_group_rows", flaky)
     with pytest.raises(RuntimeError):

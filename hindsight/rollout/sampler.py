@@ -1,0 +1,91 @@
+"""Batched group sampling: one prefill per prompt, one decode loop for every group of the batch.
+
+`generate` (transformers) repeats each prompt G times and samples the whole batch from one
+global RNG, so a group's samples depend on what else is in the batch. Here:
+
+- each prompt is prefilled once and its KV cache copied to its G samples, which saves the
+  other G - 1 prefills;
+- each group draws its randomness from its own generator, seeded by (run seed, step, group),
+  as Gumbel noise fixed before decoding. argmax(logits / T + Gumbel) is an exact sample of
+  softmax(logits / T), so a group's tokens are a function of its seed and the weights, not of
+  the batch it shares (up to float rounding, which flips a token only at a near-tie);
+- decoding stops when every row has ended, not at `max_new_tokens`.
+
+The behaviour log-probs are then recomputed by one forward (`group_token_logprobs`), the same
+function the learner uses, so the ratio is 1 (to float rounding) before the first update.
+"""
+from __future__ import annotations
+
+import torch
+
+from hindsight.experience import Experience, pad_left
+from hindsight.logprobs import cache_kwargs, group_token_logprobs, model_device, output_cache, position_ids
+from hindsight.rollout.hf import completion_mask
+
+
+def gumbel_noise(generators: list[torch.Generator], rows: int, vocab: int) -> torch.Tensor:
+    """(len(generators) * rows, vocab) standard Gumbel noise, `rows` rows from each group's own
+    generator. Drawn step by step (a whole-completion draw would be T x V per row)."""
+    u = torch.cat([torch.rand((rows, vocab), generator=g, device=g.device) for g in generators])  # (B, V)
+    return -torch.log(-torch.log(u.clamp_(1e-10, 1.0 - 1e-7)))                                     # (B, V)
+
+
+def nucleus_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(B, V) logits with the tokens outside the top-p nucleus set to -inf."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)                    # (B, V)
+    probs = sorted_logits.softmax(-1)                                               # (B, V)
+    outside = probs.cumsum(-1) - probs > top_p                                      # (B, V) mass before it > p
+    outside_orig = torch.zeros_like(outside).scatter(-1, order, outside)            # (B, V)
+    return logits.masked_fill(outside_orig, float("-inf"))
+
+
+def pick_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """(B,) sampled token ids: Gumbel-max over the tempered, nucleus-filtered logits (B, V)."""
+    if temperature <= 0:  # greedy
+        return logits.argmax(-1)
+    return (nucleus_logits(logits.float() / temperature, top_p) + noise).argmax(-1)
+
+
+@torch.no_grad()
+def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: int, max_new_tokens: int,
+                  temperature: float = 1.0, top_p: float = 1.0) -> Experience:
+    """Sample `group_size` completions of each prompt; group i uses seeds[i]. Rows come out in
+    groups, prompts left-padded and completions right-padded, as `generate` returns them."""
+    dev = model_device(model)
+    seqs = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
+    was_training = model.training
+    model.eval()
+    out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=position_ids(mask).to(dev),
+                use_cache=True)
+    cache = output_cache(out)
+    cache.batch_repeat_interleave(group_size)                                       # (P*G, ...) per layer
+    logits = out.logits[:, -1].repeat_interleave(group_size, 0)                     # (B, V), B = P*G
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
+    attn = mask.repeat_interleave(group_size, 0).to(dev)                            # (B, L)
+    pos = (attn.sum(-1, keepdim=True) - 1)                                          # (B, 1) last prompt position
+    done = torch.zeros(len(attn), dtype=torch.bool, device=dev)                     # (B,)
+    tokens = []
+    for t in range(max_new_tokens):
+        noise = gumbel_noise(gens, group_size, logits.size(-1))                     # (B, V)
+        nxt = pick_tokens(logits, noise, temperature, top_p)                        # (B,)
+        nxt = nxt.masked_fill(done, tok.pad_token_id)
+        tokens.append(nxt)
+        done |= nxt == tok.eos_token_id
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)               # (B, L+t+1)
+        pos = pos + 1
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, **cache_kwargs(model, cache))
+        logits = out.logits[:, -1]                                                  # (B, V)
+    completion_ids = torch.stack(tokens, dim=1).cpu()                               # (B, T')
+    cmask = completion_mask(completion_ids, tok.eos_token_id)                       # (B, T')
+    completion_ids = completion_ids.masked_fill(cmask == 0, tok.pad_token_id)
+    prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+    full_ids = torch.cat([prompt_ids, completion_ids], dim=1)                       # (B, L+T')
+    logp, _ = group_token_logprobs(model, full_ids, torch.cat([prompt_mask, cmask], dim=1), completion_ids.size(1),
+                                   group_size, temperature if temperature > 0 else 1.0)   # (B, T')
+    model.train(was_training)
+    return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)
