@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from hindsight.alerts import Alert, AlertMonitor
+from hindsight.async_rl import AsyncRollouts
 from hindsight.checkpoint import CheckpointManager
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
@@ -50,7 +51,7 @@ def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int
     return out
 
 
-class RLRun:
+class RLRun(AsyncRollouts):
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
         self.dir = cfg.root / "rl"
@@ -93,6 +94,7 @@ class RLRun:
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.learners = self._start_learners(start, policy_path)
         self.rollout_workers, self.pool = self._start_workers(policy_path)
+        self._start_sampler(policy_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
         self.worker_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._failures: dict[int, dict[str, int]] = {}  # reward failures per step, until `score` logs them
         self.scorers, self.scorer_pool = self._start_scorers(rm_path)
@@ -124,8 +126,12 @@ class RLRun:
     def rollout(self, step: int) -> tuple[Path, dict]:
         """Sample the step's groups. With dynamic sampling, sample further rounds of fresh
         prompts (DAPO) until `prompts_per_step` groups carry a signal or `max_rounds` is reached."""
+        if step in self._ahead:  # waited for before a checkpoint
+            return self._ahead.pop(step)
         if self.store.has("rollouts", step):
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
+        if self.sampler is not None:
+            return self._async_rollout(step)
         batch, metrics = self.select_prompts(step)
         t0 = time.perf_counter()
         rows = self._sample(step, 0, batch, first_group=0)
@@ -193,7 +199,10 @@ class RLRun:
         n_replay = round(self.rl.replay.ratio * self.rl.prompts_per_step)
         if not n_replay:
             return batch, {}
-        past = [s for s in self.store.steps("scores") if step - self.rl.replay.window <= s < step]
+        # steps whose scores exist by the time this one is sampled, whatever the timing: with
+        # staleness k, step s is sampled once step s - k - 1 is trained
+        last = step - self.rl.async_.max_staleness
+        past = [s for s in self.store.steps("scores") if last - self.rl.replay.window <= s < last]
         shards = [(self.store.read("rollouts", s), self.store.read("scores", s)) for s in past]
         keep = batch[: len(batch) - n_replay]
         hard = pick_hard_examples(shards, n_replay, self.rl.replay.priority, {b["id"] for b in keep})
@@ -266,6 +275,8 @@ class RLRun:
 
     def _start_workers(self, policy_path: str):
         """(in-process rollout workers sharing the learner's policy object, or a Ray pool of them)."""
+        if self.rl.async_.max_staleness:  # the sampler process samples, with weights of its own
+            return [], None
         if self.rl.workers.placement == "ray":
             from hindsight.roles.placement import RayRolloutPool
 
@@ -280,6 +291,7 @@ class RLRun:
         return workers, None
 
     def close(self) -> None:
+        self._close_sampler()
         if self.reward_worker is not None:
             self.reward_worker.close()
         for pool in (self.pool, self.scorer_pool, self.learners):
@@ -355,6 +367,9 @@ class RLRun:
             worker.load_weights(self.version)
         if self.pool is not None:
             self.pool.publish(self.version, self.policy.state_dict())
+        if self.sampler is not None:
+            self.sampler.publish(self.version, self.policy.state_dict())
+            self._feed()
 
     def weights_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.policy.parameters())
@@ -362,6 +377,8 @@ class RLRun:
     def checkpoint(self, done: int) -> None:
         if self.ckpt.latest_step() == done:
             return
+        if self.sampler is not None:
+            self._wait_ahead(done)
         self.ckpt.save(done, self.policy, self.tok, self.optimizer, {"fingerprint": self.fingerprint},
                        self.critic, self.critic_optimizer)
 
