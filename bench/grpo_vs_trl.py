@@ -1,14 +1,19 @@
-"""TRL's GRPOTrainer against hindsight's GRPO on the same tiny model, data, batch and sampling.
+"""TRL's GRPOTrainer, hindsight sync (k = 0) and hindsight async (k = 1) on the same task and settings.
 
-    python bench/grpo_vs_trl.py [--steps 8] [--rounds 2]
+    python bench/grpo_vs_trl.py [--task sum|demo] [--steps 10] [--seeds 3]
 
-Both start from the same SFT checkpoint (trained here with TRL's SFTTrainer, ~20 s), use
-16 prompts x 8 samples per step, 5 new tokens, temperature 1, lr 2e-4 constant, beta 0.02
-(k3 in the loss), loss `grpo` (= our seq_mean_token_mean), group-scaled rewards and the
-exact-answer reward. The two run alternately, `--rounds` times, in this one process; the
-table shows the median per-round figures. Then the overhead: hindsight's full RL flow
-(Prefect tasks, MLflow logging, Parquet rollout persistence, reward worker process) against
-its bare kernel loop (generate -> score -> update in memory) on the same work.
+The task is the long-completion worked sum (`hindsight/sumtask.py`, ~20 new tokens) unless
+`--task demo`. All three start from one SFT checkpoint (TRL's SFTTrainer, here) and use the
+same model, 16 prompts x 8 samples per step, `max_new_tokens`, temperature 1, lr 2e-4
+constant, beta 0.02 (k3 in the loss), loss `grpo` (= our seq_mean_token_mean), group-scaled
+rewards, and the same reward. hindsight runs its real RL flow (Prefect tasks, MLflow, the
+rollout store). Per seed the three run in turn, so machine drift hits all; the table shows
+medians over seeds. Rates are steady state: from the end of the first step to the end of
+the last, so model loading and process start-up are left out for all three alike.
+
+Then the orchestration overhead: the flow (k = 0) against the bare kernel loop (generate ->
+score -> update in memory, no Prefect, MLflow or store) on the same work, with the split of a
+step into generate / score (reference + reward) / update / the rest.
 """
 from __future__ import annotations
 
@@ -26,146 +31,177 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-PROMPTS, SAMPLES, NEW_TOKENS, LR, BETA = 16, 8, 5, 2e-4, 0.02
+PROMPTS, SAMPLES, LR, BETA = 16, 8, 2e-4, 0.02
+TASKS = {  # task: (new tokens, reward)
+    "sum": (24, "rewards.exact:final_answer"),
+    "demo": (5, "rewards.exact:exact_answer"),
+}
 
 
-def setup(work: Path) -> tuple[str, list[dict]]:
+def setup(work: Path, task: str) -> tuple[str, list[dict]]:
     from hindsight.data import build_demo_data, read_jsonl
     from hindsight.models import build_tiny_model
+    from hindsight.sumtask import build_sum_data
     from hindsight.trainers import train_sft
 
-    build_demo_data(work / "data", seed=0)
+    (build_sum_data if task == "sum" else build_demo_data)(work / "data", seed=0)
     base = build_tiny_model(work / "base")
     train_sft(str(base), str(work / "data/sft.jsonl"), work / "sft", lr=3e-3, epochs=3, batch_size=32,
-              max_length=48, seed=0)
+              max_length=64, seed=0)
     return str(work / "sft"), read_jsonl(work / "data/prompts.jsonl")
 
 
-def run_trl(init: str, rows: list[dict], steps: int, out: Path) -> dict:
+def _reward_fn(spec: str):
+    from hindsight.scoring import load_reward_fn
+
+    return load_reward_fn(spec)
+
+
+def run_trl(init: str, rows: list[dict], steps: int, seed: int, task: str, out: Path) -> dict:
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rewards.exact import exact_answer
+    new_tokens, reward = TASKS[task]
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
 
     tok = AutoTokenizer.from_pretrained(init)
     args = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES,
-        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, learning_rate=LR, lr_scheduler_type="constant",
+        max_completion_length=new_tokens, temperature=1.0, top_p=1.0, learning_rate=LR, lr_scheduler_type="constant",
         beta=BETA, loss_type="grpo", scale_rewards="group", num_iterations=1, max_steps=steps, logging_steps=1,
-        report_to=[], use_cpu=True, save_strategy="no", seed=0, max_grad_norm=1.0, disable_tqdm=True,
+        report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=seed, max_grad_norm=1.0, disable_tqdm=True,
         dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(init), reward_funcs=exact_answer, args=args,
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(init), reward_funcs=_reward_fn(reward), args=args,
                           train_dataset=Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]),
-                          processing_class=tok)
-    t0 = time.perf_counter()
+                          processing_class=tok, callbacks=[Stamp()])
     trainer.train()
-    seconds = time.perf_counter() - t0
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"seconds": seconds, "reward_last": statistics.mean(rewards[-3:])}
+    return {"step_s": (stamps[-1] - stamps[0]) / (len(stamps) - 1), "reward_last": statistics.mean(rewards[-3:])}
+
+
+def run_flow(init: str, work: Path, steps: int, seed: int, task: str, k: int, name: str) -> dict:
+    """hindsight's real RL flow; per-step time from the MLflow timestamps of its step metrics."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.rl import rl_flow
+    from hindsight.config import PipelineConfig
+
+    new_tokens, reward = TASKS[task]
+    cfg = PipelineConfig.model_validate({
+        "name": f"bench-{name}", "run_dir": str(work / f"flow-{name}"), "seed": seed,
+        "data": {"dir": str(work / "data"), "dvc_file": None, "build_demo": False,
+                 "prompts": str(work / "data/prompts.jsonl"), "eval": str(work / "data/eval.jsonl")},
+        "rl": {"init": init, "steps": steps, "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "lr": LR,
+               "kl": {"coef": BETA, "estimator": "k3"}, "rewards": [{"fn": reward}],
+               "rollout": {"max_new_tokens": new_tokens, "groups_per_batch": PROMPTS},
+               "async": {"max_staleness": k}, "eval_every": 10_000, "save_every": 10_000, "report_every": 10_000},
+        "eval": {"limit": 1, "max_new_tokens": new_tokens, "reward": reward, "compare_versions": 0},
+        "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db"}})
+    result = rl_flow(cfg, force=True)
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    history = sorted(client.get_metric_history(result.run_id, "reward/mean"), key=lambda m: m.step)
+    stamps = [m.timestamp / 1000 for m in history]
+    split = {}
+    for key in ("time/rollout_s", "time/rollout_wait_s", "time/score_s", "time/update_s"):
+        values = [m.value for m in client.get_metric_history(result.run_id, key) if m.step > 1]
+        if values:
+            split[key] = statistics.mean(values)
+    return {"step_s": (stamps[-1] - stamps[0]) / (len(stamps) - 1), "reward_last": statistics.mean(m.value for m in history[-3:]),
+            "split": split}
 
 
 class Kernel:
-    """hindsight's GRPO with nothing around it: generate -> score -> update, in memory."""
+    """hindsight's GRPO with nothing around it: generate -> score -> update, in memory, timed by phase."""
 
-    def __init__(self, init: str):
+    def __init__(self, init: str, task: str):
         from hindsight.algorithms.losses import LossSettings
         from hindsight.learner import LearnerSettings
         from hindsight.models import load_causal_lm, load_tokenizer
 
+        self.new_tokens, self.reward = TASKS[task]
         self.tok, self.policy = load_tokenizer(init), load_causal_lm(init)
         self.ref = load_causal_lm(init).eval()
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=LR, weight_decay=0.0)
         self.settings = LearnerSettings(loss=LossSettings(kl_coef=BETA, kl_estimator="k3", loss_agg="seq_mean_token_mean",
-                                                          max_len=NEW_TOKENS))
+                                                          max_len=self.new_tokens))
+        self.split = {"generate": [], "score": [], "update": []}
 
-    def step(self, batch: list[dict], seed: int) -> float:
+    def step(self, batch: list[dict], step: int) -> float:
         from hindsight.learner import update
-        from hindsight.logprobs import token_logprobs
-        from hindsight.rollout.hf import generate
+        from hindsight.logprobs import group_token_logprobs
+        from hindsight.rollout.sampler import sample_groups
         from hindsight.scoring import score_completions
 
-        exp = generate(self.policy, self.tok, [r["prompt"] for r in batch], SAMPLES, NEW_TOKENS, seed=seed)
+        t0 = time.perf_counter()
+        exp = sample_groups(self.policy, self.tok, [r["prompt"] for r in batch], [step * 1000 + i for i in range(len(batch))],
+                            SAMPLES, self.new_tokens)
+        t1 = time.perf_counter()
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         answers = [r["answer"] for r in batch for _ in range(SAMPLES)]
-        result = score_completions([("rewards.exact:exact_answer", 1.0)], texts, {"answer": answers})
-        exp.rewards = torch.tensor(result.total)
+        exp.rewards = torch.tensor(score_completions([(self.reward, 1.0)], texts, {"answer": answers}).total)
         with torch.no_grad():
-            exp.ref_logprobs, _ = token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1))
+            exp.ref_logprobs, _ = group_token_logprobs(self.ref, exp.input_ids, exp.attention_mask,
+                                                       exp.completion_ids.size(1), SAMPLES)
+        t2 = time.perf_counter()
         update(self.policy, self.opt, exp, self.settings)
+        t3 = time.perf_counter()
+        for key, dt in zip(self.split, (t1 - t0, t2 - t1, t3 - t2)):
+            self.split[key].append(dt)
         return float(exp.rewards.mean())
 
 
-def run_kernel(init: str, rows: list[dict], steps: int) -> dict:
+def run_kernel(init: str, rows: list[dict], steps: int, task: str) -> dict:
     from hindsight.rl import prompt_indices
 
-    kernel = Kernel(init)
-    t0 = time.perf_counter()
-    rewards, stamps = [], []
+    kernel, stamps = Kernel(init, task), []
     for s in range(steps):
-        rewards.append(kernel.step([rows[i] for i in prompt_indices(len(rows), PROMPTS, s, 0)], s))
+        kernel.step([rows[i] for i in prompt_indices(len(rows), PROMPTS, s, 0)], s)
         stamps.append(time.perf_counter())
-    return {"seconds": time.perf_counter() - t0, "reward_last": statistics.mean(rewards[-3:]),
-            "steady_step_s": (stamps[-1] - stamps[0]) / (steps - 1)}
-
-
-def run_flow(init: str, work: Path, steps: int) -> dict:
-    """The real RL flow; its per-step time is the `time/*` sum logged for each step."""
-    from flows.rl import rl_flow
-    from hindsight.config import PipelineConfig
-
-    cfg = PipelineConfig.model_validate({
-        "name": "bench", "run_dir": str(work / "flow-run"),
-        "data": {"dir": str(work / "data"), "dvc_file": None, "build_demo": False,
-                 "prompts": str(work / "data/prompts.jsonl"), "eval": str(work / "data/eval.jsonl")},
-        "rl": {"init": init, "steps": steps, "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "lr": LR,
-               "kl": {"coef": BETA, "estimator": "k3"}, "rollout": {"max_new_tokens": NEW_TOKENS},
-               "eval_every": 10_000, "save_every": 10_000},
-        "eval": {"limit": 1, "max_new_tokens": NEW_TOKENS},
-        "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db"}})
-    from mlflow.tracking import MlflowClient
-
-    t0 = time.perf_counter()
-    result = rl_flow(cfg, force=True)
-    seconds = time.perf_counter() - t0
-    history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(result.run_id, "reward/mean")
-    stamps = sorted(m.timestamp for m in history)
-    return {"seconds": seconds, "steady_step_s": (stamps[-1] - stamps[0]) / 1000 / (len(stamps) - 1)}
+    return {"step_s": (stamps[-1] - stamps[0]) / (steps - 1),
+            "split": {k: statistics.mean(v[1:]) for k, v in kernel.split.items()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--task", choices=sorted(TASKS), default="sum")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--seeds", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     work = Path(tempfile.mkdtemp(prefix="hindsight-bench-"))
-    init, rows = setup(work)
-    results: dict[str, list[dict]] = {"trl": [], "hindsight": []}
-    for r in range(a.rounds):  # alternate, so drift in machine load hits both
-        torch.manual_seed(r)
-        results["trl"].append(run_trl(init, rows, a.steps, work / f"trl-{r}"))
-        torch.manual_seed(r)
-        results["hindsight"].append(run_kernel(init, rows, a.steps))
-    samples = a.steps * PROMPTS * SAMPLES
-    print(f"\n{a.steps} steps x {PROMPTS} prompts x {SAMPLES} samples, {a.rounds} alternating rounds (median)")
-    print(f"{'':<12}{'samples/s':>12}{'s/step':>10}{'reward (last 3 steps)':>24}")
-    med = {}
-    for name, runs in results.items():
-        secs = statistics.median(x["seconds"] for x in runs)
-        reward = statistics.median(x["reward_last"] for x in runs)
-        med[name] = samples / secs
-        print(f"{name:<12}{samples / secs:>12.1f}{secs / a.steps:>10.3f}{reward:>24.3f}")
-    flow = run_flow(init, work, a.steps)
-    kernel = run_kernel(init, rows, a.steps)
-    kernel_step = kernel["steady_step_s"]
-    print(f"overhead per step (steady state, from the end of step 1 to the end of the last): flow "
-          f"{flow['steady_step_s']:.3f}s, kernel {kernel_step:.3f}s, overhead "
-          f"{(flow['steady_step_s'] / kernel_step - 1) * 100:.1f}%")
-    print(f"overhead end to end (incl. Prefect start, MLflow runs, eval, checkpoint, registry): flow "
-          f"{flow['seconds']:.1f}s, kernel {kernel['seconds']:.1f}s, "
-          f"overhead {(flow['seconds'] / kernel['seconds'] - 1) * 100:.1f}%")
-    print(f"ratio hindsight/trl samples_per_s: {med['hindsight'] / med['trl']:.2f}")
+    init, rows = setup(work, a.task)
+    runs: dict[str, list[dict]] = {"trl": [], "hindsight sync": [], "hindsight async k=1": []}
+    for seed in range(a.seeds):  # in turn, so drift in machine load hits all three
+        runs["trl"].append(run_trl(init, rows, a.steps, seed, a.task, work / f"trl-{seed}"))
+        runs["hindsight sync"].append(run_flow(init, work, a.steps, seed, a.task, 0, f"sync-{seed}"))
+        runs["hindsight async k=1"].append(run_flow(init, work, a.steps, seed, a.task, 1, f"async-{seed}"))
+    new_tokens = TASKS[a.task][0]
+    print(f"\ntask {a.task}: {a.steps} steps x {PROMPTS} prompts x {SAMPLES} samples, {new_tokens} new tokens, "
+          f"{a.seeds} seeds (median; reward: mean of the last 3 steps, min-max over seeds)")
+    print(f"{'':<22}{'samples/s':>10}{'s/step':>9}{'reward':>9}{'spread':>16}")
+    rate = {}
+    for name, rs in runs.items():
+        step_s = statistics.median(r["step_s"] for r in rs)
+        rewards = [r["reward_last"] for r in rs]
+        rate[name] = PROMPTS * SAMPLES / step_s
+        print(f"{name:<22}{rate[name]:>10.1f}{step_s:>9.3f}{statistics.median(rewards):>9.3f}"
+              f"{f'{min(rewards):.3f}-{max(rewards):.3f}':>16}")
+    for name in ("hindsight sync", "hindsight async k=1"):
+        split = {k: statistics.median(r["split"][k] for r in runs[name] if k in r["split"])
+                 for k in runs[name][0]["split"]}
+        print(f"{name} split (s/step): " + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in split.items()))
+    kernel = run_kernel(init, rows, a.steps, a.task)
+    flow = statistics.median(r["step_s"] for r in runs["hindsight sync"])
+    print("kernel split (s/step): " + ", ".join(f"{k} {v:.3f}" for k, v in kernel["split"].items()))
+    print(f"overhead per step (sync flow against the bare kernel, steady state): flow {flow:.3f}s, "
+          f"kernel {kernel['step_s']:.3f}s, overhead {(flow / kernel['step_s'] - 1) * 100:.1f}%")
+    print(f"ratio async/sync samples_per_s: {rate['hindsight async k=1'] / rate['hindsight sync']:.2f}")
+    print(f"ratio hindsight/trl samples_per_s: {rate['hindsight async k=1'] / rate['trl']:.2f} (async k=1)")
 
 
 if __name__ == "__main__":

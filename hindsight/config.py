@@ -100,9 +100,10 @@ class RolloutConfig(Strict):
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    groups_per_batch: int = Field(1, ge=1, description="hf: sample this many consecutive groups in one batch (one "
-                                                       "prefill per prompt). Batches are fixed by group index, so a "
-                                                       "group's samples never depend on the worker count")
+    groups_per_batch: int = Field(8, ge=1, description="hf: sample (and score) this many consecutive groups in one "
+                                                       "batch, one prefill per prompt. Batches are fixed by group "
+                                                       "index and dealt whole, so a group's samples never depend on "
+                                                       "the worker count; 1: each group alone")
 
 
 class KLConfig(Strict):

@@ -237,7 +237,8 @@ class RLRun(AsyncRollouts):
         if self.scorer_pool is not None and todo:
             results = [self.scorer_pool.dispatch(step, todo, self.store)]
         else:
-            results = [s.score(step, share) for s, share in zip(self.scorers, deal(todo, len(self.scorers))) if share]
+            unit = lambda g: g // self.rl.rollout.groups_per_batch  # noqa: E731 (the scorers' model batches)
+            results = [s.score(step, share) for s, share in zip(self.scorers, deal(todo, len(self.scorers), unit)) if share]
         for failures in results:
             for name, n in failures.items():
                 counts[name] = counts.get(name, 0) + n

@@ -69,6 +69,16 @@ class RolloutStore:
             return self.read_part(component, step, group)
         return [r for r in self.read(component, step) if r["group"] == group]
 
+    def groups_rows(self, component: str, step: int, groups: list[int]) -> dict[int, list[dict]]:
+        """Several groups' rows: each from its part, or from the step's shard, read once."""
+        out = {g: self.read_part(component, step, g) for g in groups if self.has_part(component, step, g)}
+        rest = [g for g in groups if g not in out]
+        if rest:
+            shard = self.read(component, step)
+            for g in rest:
+                out[g] = [r for r in shard if r["group"] == g]
+        return out
+
     def has_part(self, component: str, step: int, group: int) -> bool:
         return self.part_path(component, step, group).exists()
 

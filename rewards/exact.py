@@ -1,4 +1,5 @@
-"""The demo's reward: 1.0 when the first number in the completion equals the answer."""
+"""Exact-answer rewards: the demo's reads the first number of the completion, the worked-sum
+bench task's (`hindsight/sumtask.py`) the last."""
 from __future__ import annotations
 
 import re
@@ -18,4 +19,13 @@ def exact_answer(completions, answer, **_) -> list[float]:
     for completion, target in zip(completions, answer):
         got = first_number(completion_text(completion))
         out.append(1.0 if got is not None and float(got) == float(target) else 0.0)
+    return out
+
+
+def final_answer(completions, answer, **_) -> list[float]:
+    """1.0 when the last number in the completion equals the answer (a worked solution ends on it)."""
+    out = []
+    for completion, target in zip(completions, answer):
+        numbers = _NUMBER.findall(completion_text(completion))
+        out.append(1.0 if numbers and float(numbers[-1]) == float(target) else 0.0)
     return out

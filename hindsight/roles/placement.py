@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from hindsight.errors import ConfigError
@@ -20,7 +21,7 @@ from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.ledger import Ledger
 from hindsight.roles import deal
 from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend, share_of
-from hindsight.roles.rollout import GroupTask, RolloutWorker
+from hindsight.roles.rollout import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.roles.scorer import Scorer
 
 log = logging.getLogger("hindsight.workers")
@@ -148,7 +149,7 @@ class RayRolloutPool(_Pool):
     role = "rollout"
 
     def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str):
-        self.version, self.weights = 0, None
+        self.version, self.weights, self.rl = 0, None, rl
         super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path))
 
     def _spawn(self) -> str:
@@ -180,12 +181,14 @@ class RayRolloutPool(_Pool):
 
     def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:
         """Lease every task's group until all are sealed; returns the role's worker metrics."""
-        todo = list(tasks)
+        todo, k = list(tasks), self.rl.rollout.groups_per_batch
         while todo:
             calls = {}
-            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors))):
-                if share:
-                    self.ledger.move(step, [t.group for t in share], "leased", worker=actor_id, ttl_s=self.ttl)
+            todo = with_batch_mates(todo, tasks, k)  # a reassigned group is sampled in its own batch again
+            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), partial(batch_of, groups_per_batch=k))):
+                mine = [t.group for t in share if t.write]
+                if mine:
+                    self.ledger.move(step, mine, "leased", worker=actor_id, ttl_s=self.ttl)
                     calls[self.actors[actor_id].generate.remote(share, self.version)] = actor_id
             for actor_id, sealed, why in self._run(calls):
                 if why is None:
@@ -204,6 +207,7 @@ class RayScorerPool(_Pool):
     role = "scorer"
 
     def __init__(self, n: int, rl, init_path: str, rm_path: str | None, dtype: str, rl_dir: Path):
+        self.rl = rl
         super().__init__(ScorerActor, n, rl.workers, rl_dir, (rl, init_path, rm_path, dtype, str(rl_dir)))
 
     def dispatch(self, step: int, groups: list[int], store) -> dict[str, int]:
@@ -212,7 +216,8 @@ class RayScorerPool(_Pool):
         todo = list(groups)
         while todo:
             calls, given = {}, {}
-            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors))):
+            unit = lambda g: g // self.rl.rollout.groups_per_batch  # noqa: E731 (the scorers' model batches)
+            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), unit)):
                 if share:
                     calls[self.actors[actor_id].score.remote(step, share)] = actor_id
                     given[actor_id] = share

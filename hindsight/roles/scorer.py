@@ -2,8 +2,9 @@
 the reward model. It scores the groups it is given and writes one part shard per group.
 
 The reward functions see the whole lease in one call (a batched reward stays batched); the
-reference log-probs and reward-model scores are computed group by group, so a group's score
-does not depend on which groups it was scored with, or on how many scorers there are.
+reference log-probs and reward-model scores are computed on batches of groups fixed by group
+index (`rollout.groups_per_batch`, as sampling is), so a group's score does not depend on
+which groups it was scored with, or on how many scorers there are.
 """
 from __future__ import annotations
 
@@ -37,24 +38,37 @@ class Scorer:
 
     def score(self, step: int, groups: list[int]) -> dict[str, int]:
         """Score and store each group; returns how many calls of each reward failed."""
-        by_group = {g: self.store.group_rows("rollouts", step, g) for g in groups}
+        by_group = self.store.groups_rows("rollouts", step, groups)
         rows = [r for g in groups for r in by_group[g]]
         result = self._rewards(rows)
-        at = 0
+        at, n = {}, 0  # where each group's rows start in `rows`
         for g in groups:
-            part, n = by_group[g], len(by_group[g])
-            ref, rm = self._models(part)
-            out = []
-            for j, r in enumerate(part):
-                k = at + j
-                total = result.total[k] + (self.rl.reward_model_weight * rm[j] if rm else 0.0)
-                out.append({"step": step, "index": r["index"], "reward": total, "rm_score": rm[j] if rm else None,
-                            **{f"reward_{name}": v[k] for name, v in result.per_fn.items()},
-                            "ref_logprobs": ref[j, :len(r["completion_ids"])].tolist() if ref is not None else None})
-            self.store.write_part("scores", step, g, out)
-            crash_point(f"score-group{g}", step)
-            at += n
+            at[g], n = n, n + len(by_group[g])
+        for batch in self._batches(groups, by_group):
+            models = self._models([r for g in batch for r in by_group[g]])
+            for i, g in enumerate(batch):
+                self._write_group(step, g, by_group[g], at[g], result, models, i)
         return result.failures
+
+    def _batches(self, groups: list[int], by_group: dict[int, list[dict]]) -> list[list[int]]:
+        """The reference and reward model run on a batch of groups fixed by group index
+        (`rollout.groups_per_batch`), so a group's scores never depend on who scored it."""
+        k, out = self.rl.rollout.groups_per_batch, {}
+        for g in groups:
+            out.setdefault((by_group[g][0]["round"], g // k), []).append(g)
+        return list(out.values())
+
+    def _write_group(self, step: int, g: int, part: list[dict], at: int, result, models, i: int) -> None:
+        ref, rm = models
+        size, out = len(part), []
+        for j, r in enumerate(part):
+            k, b = at + j, i * size + j
+            total = result.total[k] + (self.rl.reward_model_weight * rm[b] if rm else 0.0)
+            out.append({"step": step, "index": r["index"], "reward": total, "rm_score": rm[b] if rm else None,
+                        **{f"reward_{name}": v[k] for name, v in result.per_fn.items()},
+                        "ref_logprobs": ref[b, :len(r["completion_ids"])].tolist() if ref is not None else None})
+        self.store.write_part("scores", step, g, out)
+        crash_point(f"score-group{g}", step)
 
     def _rewards(self, rows: list[dict]):
         columns = [json.loads(r["columns"]) for r in rows]
@@ -65,7 +79,7 @@ class Scorer:
                                  completion_ids=[list(r["completion_ids"]) for r in rows])
 
     def _models(self, rows: list[dict]):
-        """(reference log-probs (B, T) or None, reward-model scores or None) for one group."""
+        """(reference log-probs (B, T) or None, reward-model scores or None) for a batch of groups."""
         if self.ref is None and self.rm is None:
             return None, None
         exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
