@@ -21,8 +21,9 @@ from hindsight.roles.sampler import AsyncSampler, SamplerSpec, split_threads, ve
 class AsyncRollouts:
     """Needs from RLRun: rl, cfg, store, ledger, version, policy, tok, init_path, select_prompts."""
 
-    def _start_sampler(self, policy_path: str) -> AsyncSampler | None:
+    def _start_sampler(self, policy_path: str, rm_path: str | None) -> AsyncSampler | None:
         self.sampler, self._rolled, self._ahead, self._threads_before = None, {}, {}, None
+        self.rm_path = rm_path if rm_path and self.rl.reward_model_weight > 0 else None
         k = self.rl.async_.max_staleness
         if not k:
             return None
@@ -32,7 +33,8 @@ class AsyncRollouts:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(learner_threads)
         self.sampler = AsyncSampler(SamplerSpec(self.rl, policy_path, self.cfg.model.dtype, self.cfg.seed,
-                                                str(self.store.root), self.init_path, self.version, sampler_threads),
+                                                str(self.store.root), self.init_path, self.version, sampler_threads,
+                                                self.rm_path),
                                     self.dir / "sampler.log")
         self._feed()
         return self.sampler
@@ -78,7 +80,11 @@ class AsyncRollouts:
         if step not in self.sampler.submitted:
             self._submit(step)
         t0 = time.perf_counter()
-        written = self.sampler.wait(step)
+        result = self.sampler.wait(step)
+        written = result["groups"]
+        counts = self._failures.setdefault(step, {})
+        for name, n in result["failures"].items():
+            counts[name] = counts.get(name, 0) + n
         if written:
             self.ledger.move(step, written, "sealed")
         info = self._rolled.pop(step)

@@ -77,10 +77,13 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     cache = output_cache(out)
     cache.batch_repeat_interleave(group_size)                                                 # (B, ...) per layer
     first = out.logits[:, -1:].repeat_interleave(group_size, 0)                               # (B, 1, V)
-    pos = position_ids(attention_mask)                                                        # (B, P+T)
-    rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, p:-1],
-                 **cache_kwargs(model, cache)).logits                                # (B, T-1, V)
-    logits = torch.cat([first, rest], dim=1).float() / temperature                           # (B, T, V)
+    logits = first                                                                            # (B, 1, V)
+    if n_completion > 1:  # the completions but their last token, after the copied prompt cache
+        pos = position_ids(attention_mask)                                                    # (B, P+T)
+        rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, p:-1],
+                     **cache_kwargs(model, cache)).logits                                     # (B, T-1, V)
+        logits = torch.cat([first, rest], dim=1)                                              # (B, T, V)
+    logits = logits.float() / temperature                                                     # (B, T, V)
     targets = input_ids[:, p:]                                                                # (B, T)
     logsm = torch.log_softmax(logits, dim=-1)                                                 # (B, T, V)
     logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                                # (B, T)

@@ -94,10 +94,11 @@ class RLRun(AsyncRollouts):
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.learners = self._start_learners(start, policy_path)
         self.rollout_workers, self.pool = self._start_workers(policy_path)
-        self._start_sampler(policy_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
+
         self.worker_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._failures: dict[int, dict[str, int]] = {}  # reward failures per step, until `score` logs them
         self.scorers, self.scorer_pool = self._start_scorers(rm_path)
+        self._start_sampler(policy_path, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
         self.history = MetricsLog(self.dir / "metrics.jsonl")
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again

@@ -1,5 +1,6 @@
-"""The asynchronous sampler (`rl.async.max_staleness: k >= 1`): a rollout worker in a process of
-its own, so sampling step s overlaps the learner training steps s - k .. s - 1.
+"""The asynchronous sampler (`rl.async.max_staleness: k >= 1`): a rollout worker and a scorer in a
+process of their own, so sampling and scoring step s overlap the learner training steps
+s - k .. s - 1, and the learner's process only trains.
 
 The schedule is fixed, not "as fast as it can": step s is always sampled with weights version
 s - k (version 0 for s < k). The coordinator submits step s the moment version s - k exists,
@@ -7,8 +8,8 @@ sends each new version as it is made, and reads results in order. A run is then 
 deterministic as a synchronous one, and the store holds the k steps ahead of the weights,
 which a resume trains on instead of sampling them again.
 
-The child process owns only a policy copy and the store's part files; the coordinator keeps
-the ledger. They talk over two pipes: JSON headers, and weights as safetensors bytes (no
+The child process owns a policy copy, the scorer's models and the store's part files; the
+coordinator keeps the ledger. They talk over two pipes: JSON headers, and weights as safetensors bytes (no
 pickle). If the coordinator dies (SIGKILL included), the kernel kills the child
 (PR_SET_PDEATHSIG), and a part it was writing is either whole or absent.
 """
@@ -40,6 +41,7 @@ class SamplerSpec:
     init_path: str
     version: int
     threads: int
+    rm_path: str | None = None
 
     def to_json(self) -> dict:
         return {**asdict(self), "rl": self.rl.model_dump(mode="json", by_alias=True)}
@@ -96,8 +98,9 @@ class AsyncSampler:
         self.submitted[step] = [t.group for t in tasks if t.write]
         send(self._cmd, {"kind": "sample", "step": step, "version": version, "tasks": [asdict(t) for t in tasks]})
 
-    def wait(self, step: int) -> list[int]:
-        """The groups written for `step`, once the sampler has finished it (results come in order).
+    def wait(self, step: int) -> dict:
+        """{"groups": written, "failures": reward failures}, once the sampler has sampled and scored
+        `step` (results come in order).
         A slow sampler is waited for; a dead one fails the step at once."""
         while step not in self.finished:
             try:
@@ -110,7 +113,7 @@ class AsyncSampler:
                 continue
             if msg["kind"] == "error":
                 raise StageError(f"rl.async: the sampler failed on step {msg['step']}: {msg['error']}")
-            self.finished[msg["step"]] = msg["groups"]
+            self.finished[msg["step"]] = msg
         return self.finished.pop(step)
 
     def close(self) -> None:
@@ -155,6 +158,7 @@ def serve(cmd_fd: int, res_fd: int) -> None:
     from safetensors.torch import load
 
     from hindsight.roles.rollout import RolloutWorker
+    from hindsight.roles.scorer import Scorer
 
     with os.fdopen(cmd_fd, "rb") as commands, os.fdopen(res_fd, "wb") as results:
         worker = None
@@ -168,13 +172,17 @@ def serve(cmd_fd: int, res_fd: int) -> None:
                 worker = RolloutWorker.from_paths("sampler", spec.policy_path, spec.dtype, spec.rl, spec.seed,
                                                   spec.store_root, spec.init_path)
                 worker.load_weights(spec.version)
+                scorer = Scorer.from_paths("sampler-scorer", spec.rl, spec.init_path, spec.rm_path, spec.dtype,
+                                           spec.store_root)
             elif header["kind"] == "weights":
                 worker.load_weights(header["version"], load(payload))
             else:
                 step = header["step"]
                 try:
                     tasks = [GroupTask(**t) for t in header["tasks"]]
-                    send(results, {"kind": "done", "step": step, "groups": worker.generate(tasks, header["version"])})
+                    written = worker.generate(tasks, header["version"])
+                    failures = scorer.score(step, written) if written else {}
+                    send(results, {"kind": "done", "step": step, "groups": written, "failures": failures})
                 except Exception as exc:  # reported to the coordinator, which fails the step with it
                     send(results, {"kind": "error", "step": step,
                                    "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"})

@@ -47,16 +47,22 @@ def test_every_sample_is_exactly_k_versions_behind(tiny_init, tmp_path, k):
 
 
 def _drive(cfg_path, init, env=None, kill_after=None):
-    """Run the driver; SIGKILL it after `kill_after` seconds if given. Returns its JSON lines."""
+    """Run the driver; SIGKILL it after `kill_after` seconds if given. Returns its JSON lines
+    (and the tail of its stderr as the last line when it failed)."""
+    err = open(Path(cfg_path).with_suffix(".stderr"), "w+")
     proc = subprocess.Popen([sys.executable, str(DRIVER), str(cfg_path), init], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True,
+                            stderr=err, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
                             cwd=Path(__file__).parent)
     if kill_after is not None:
         time.sleep(kill_after)
         proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")], proc.returncode
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode > 0:
+        err.seek(0)
+        lines.append({"stderr": err.read()[-3000:]})
+    return lines, proc.returncode
 
 
 def _final_weights(run_dir: Path) -> dict:
