@@ -9,6 +9,7 @@ final name exists: it is written under a temporary name and renamed.
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
@@ -19,11 +20,14 @@ from hindsight.fsutil import atomic_write_bytes
 
 COMPONENTS = ("rollouts", "scores", "advantages")
 _SHARD = re.compile(r"^step-(\d{6})\.parquet$")
+_BATCH = re.compile(r"^batch-(\d{5})-(\d{5})\.parquet$")
+_CACHED_FILES = 64
 
 
 class RolloutStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        self._cache: dict[Path, list[dict]] = {}  # rows of files this process wrote, newest last
 
     def path(self, component: str, step: int) -> Path:
         assert component in COMPONENTS, component
@@ -40,54 +44,98 @@ class RolloutStore:
         return sorted(int(m.group(1)) for m in found if m)
 
     def write(self, component: str, step: int, rows: list[dict]) -> Path:
-        buf = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd")
-        path = self.path(component, step)
-        atomic_write_bytes(path, buf.getvalue())
-        return path
+        return self._write(self.path(component, step), rows)
 
     def read(self, component: str, step: int) -> list[dict]:
-        return pq.read_table(self.path(component, step)).to_pylist()
+        return self._read(self.path(component, step))
 
-    # --- parts: what one worker wrote for one group, before the step's shard exists -------
+    # --- parts: what a worker wrote for a group or a batch of groups, before the step's shard --
     def part_path(self, component: str, step: int, group: int) -> Path:
-        return self.root / "parts" / component / f"step-{step:06d}" / f"group-{group:05d}.parquet"
+        return self._part_dir(component, step) / f"group-{group:05d}.parquet"
+
+    def _part_dir(self, component: str, step: int) -> Path:
+        return self.root / "parts" / component / f"step-{step:06d}"
+
+    def _batch_parts(self, component: str, step: int) -> dict[Path, tuple[int, int]]:
+        """Batch parts (`batch-FIRST-LAST.parquet`: groups FIRST..LAST, written at once)."""
+        folder = self._part_dir(component, step)
+        found = (_BATCH.match(p.name) for p in folder.glob("batch-*.parquet")) if folder.exists() else ()
+        return {folder / m.group(0): (int(m.group(1)), int(m.group(2))) for m in found if m}
+
+    def _file_of(self, component: str, step: int, group: int) -> Path | None:
+        single = self.part_path(component, step, group)
+        if single.exists():
+            return single
+        return next((p for p, (a, b) in self._batch_parts(component, step).items() if a <= group <= b), None)
 
     def write_part(self, component: str, step: int, group: int, rows: list[dict]) -> Path:
-        buf = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd")
-        path = self.part_path(component, step, group)
-        atomic_write_bytes(path, buf.getvalue())
-        return path
+        return self._write(self.part_path(component, step, group), rows)
+
+    def write_batch_part(self, component: str, step: int, groups: list[int], rows: list[dict]) -> Path:
+        """Consecutive groups sampled (or scored) together, in one file: one write instead of one per group."""
+        assert groups == list(range(groups[0], groups[-1] + 1)), groups
+        name = f"batch-{groups[0]:05d}-{groups[-1]:05d}.parquet"
+        return self._write(self._part_dir(component, step) / name, rows)
 
     def read_part(self, component: str, step: int, group: int) -> list[dict]:
-        return pq.read_table(self.part_path(component, step, group)).to_pylist()
+        path = self._file_of(component, step, group)
+        if path is None:
+            raise FileNotFoundError(self.part_path(component, step, group))
+        return [r for r in self._read(path) if r["group"] == group]
 
     def group_rows(self, component: str, step: int, group: int) -> list[dict]:
         """One group's rows: from its part while the step's shard is being built, else from the shard."""
-        if self.has_part(component, step, group):
-            return self.read_part(component, step, group)
-        return [r for r in self.read(component, step) if r["group"] == group]
+        return self.groups_rows(component, step, [group])[group]
 
     def groups_rows(self, component: str, step: int, groups: list[int]) -> dict[int, list[dict]]:
-        """Several groups' rows: each from its part, or from the step's shard, read once."""
-        out = {g: self.read_part(component, step, g) for g in groups if self.has_part(component, step, g)}
-        rest = [g for g in groups if g not in out]
-        if rest:
-            shard = self.read(component, step)
-            for g in rest:
-                out[g] = [r for r in shard if r["group"] == g]
+        """Several groups' rows, each file read once: the parts that hold them, else the step's shard."""
+        files = {g: self._file_of(component, step, g) for g in groups}
+        rows = [r for path in dict.fromkeys(p for p in files.values() if p) for r in self._read(path)]
+        if None in files.values():
+            rows += self.read(component, step)
+        out = {g: [] for g in groups}
+        for r in rows:
+            if r["group"] in out:
+                out[r["group"]].append(r)
         return out
 
     def has_part(self, component: str, step: int, group: int) -> bool:
-        return self.part_path(component, step, group).exists()
+        return self._file_of(component, step, group) is not None
 
     def merge_parts(self, component: str, step: int, groups: list[int]) -> Path:
-        """The step's shard from its groups' parts, in group order; the parts are removed after."""
-        rows = [row for g in groups for row in pq.read_table(self.part_path(component, step, g)).to_pylist()]
-        path = self.write(component, step, rows)
-        folder = self.part_path(component, step, 0).parent
+        """The step's shard from its groups' parts, in group order; the parts are removed after.
+        One batch part that holds exactly the step's groups becomes the shard by a rename."""
+        folder, path = self._part_dir(component, step), self.path(component, step)
+        batches = self._batch_parts(component, step)
+        whole = [p for p, (a, b) in batches.items() if list(range(a, b + 1)) == groups]
+        if whole and len(list(folder.iterdir())) == 1:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(whole[0], path)  # already fsynced when it was written
+            if whole[0] in self._cache:
+                self._remember(path, self._cache.pop(whole[0]))
+        else:
+            by_group = self.groups_rows(component, step, groups)
+            self.write(component, step, [r for g in groups for r in by_group[g]])
         for p in folder.glob("*.parquet"):
             p.unlink()
+            self._cache.pop(p, None)
         folder.rmdir()
         return path
+
+    # --- files, with what this process wrote kept in memory for its next read ---------------
+    def _write(self, path: Path, rows: list[dict]) -> Path:
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd")
+        atomic_write_bytes(path, buf.getvalue())
+        self._remember(path, rows)
+        return path
+
+    def _read(self, path: Path) -> list[dict]:
+        cached = self._cache.get(path)
+        return [dict(r) for r in cached] if cached is not None else pq.read_table(path).to_pylist()
+
+    def _remember(self, path: Path, rows: list[dict]) -> None:
+        """Keep the newest few files' rows: the next phase of the same step reads them back."""
+        self._cache[path] = rows
+        while len(self._cache) > _CACHED_FILES:
+            self._cache.pop(next(iter(self._cache)))

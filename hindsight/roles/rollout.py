@@ -46,6 +46,22 @@ def with_batch_mates(todo: list[GroupTask], tasks: list[GroupTask], groups_per_b
             for t in tasks if batch_of(t, groups_per_batch) in wanted]
 
 
+_POINT = {"rollouts": "rollout", "scores": "score"}  # the fault hook's names
+
+
+def write_groups(store: RolloutStore, component: str, step: int, rows: dict[int, list[dict]]) -> None:
+    """Store the groups of one batch: one file when they are whole and consecutive, else a part
+    per group. Either way a part is whole or absent, and the fault hook sees each group land."""
+    groups = list(rows)
+    if len(groups) > 1 and groups == list(range(groups[0], groups[-1] + 1)):
+        store.write_batch_part(component, step, groups, [r for g in groups for r in rows[g]])
+    else:
+        for g in groups:
+            store.write_part(component, step, g, rows[g])
+    for g in groups:
+        crash_point(f"{_POINT[component]}-group{g}", step)
+
+
 class StaleWeights(RuntimeError):
     """A worker serves nothing until it holds the weights version it is asked to sample with."""
 
@@ -84,15 +100,13 @@ class RolloutWorker:
         if version != self.version:
             raise StaleWeights(f"worker {self.id} holds weights v{self.version}, asked for v{version}")
         done = []
+        size = self.rl.samples_per_prompt
         for batch in self._batches(tasks):
             exp = self._generate_batch(batch)
-            size = self.rl.samples_per_prompt
-            for i, task in enumerate(batch):
-                if task.write:
-                    self.store.write_part("rollouts", task.step, task.group,
-                                          self._group_rows(task, exp.rows(list(range(i * size, (i + 1) * size)))))
-                    done.append(task.group)
-                    crash_point(f"rollout-group{task.group}", task.step)
+            rows = {t.group: self._group_rows(t, exp.rows(list(range(i * size, (i + 1) * size))))
+                    for i, t in enumerate(batch) if t.write}
+            write_groups(self.store, "rollouts", batch[0].step, rows)
+            done += list(rows)
         return done
 
     def _batches(self, tasks: list[GroupTask]) -> list[list[GroupTask]]:

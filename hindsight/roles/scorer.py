@@ -13,8 +13,8 @@ import json
 import torch
 
 from hindsight.experience import experience_from_rows
-from hindsight.faults import crash_point
 from hindsight.logprobs import group_token_logprobs, sequence_scores
+from hindsight.roles.rollout import write_groups
 from hindsight.scoring import score_completions
 from hindsight.store import RolloutStore
 
@@ -46,8 +46,8 @@ class Scorer:
             at[g], n = n, n + len(by_group[g])
         for batch in self._batches(groups, by_group):
             models = self._models([r for g in batch for r in by_group[g]])
-            for i, g in enumerate(batch):
-                self._write_group(step, g, by_group[g], at[g], result, models, i)
+            write_groups(self.store, "scores", step,
+                         {g: self._score_rows(step, by_group[g], at[g], result, models, i) for i, g in enumerate(batch)})
         return result.failures
 
     def _batches(self, groups: list[int], by_group: dict[int, list[dict]]) -> list[list[int]]:
@@ -58,17 +58,17 @@ class Scorer:
             out.setdefault((by_group[g][0]["round"], g // k), []).append(g)
         return list(out.values())
 
-    def _write_group(self, step: int, g: int, part: list[dict], at: int, result, models, i: int) -> None:
+    def _score_rows(self, step: int, part: list[dict], at: int, result, models, i: int) -> list[dict]:
+        """The score rows of one group: the i-th of its model batch, at `at` in the reward results."""
         ref, rm = models
         size, out = len(part), []
         for j, r in enumerate(part):
             k, b = at + j, i * size + j
             total = result.total[k] + (self.rl.reward_model_weight * rm[b] if rm else 0.0)
-            out.append({"step": step, "index": r["index"], "reward": total, "rm_score": rm[b] if rm else None,
-                        **{f"reward_{name}": v[k] for name, v in result.per_fn.items()},
+            out.append({"step": step, "index": r["index"], "group": r["group"], "reward": total,
+                        "rm_score": rm[b] if rm else None, **{f"reward_{name}": v[k] for name, v in result.per_fn.items()},
                         "ref_logprobs": ref[b, :len(r["completion_ids"])].tolist() if ref is not None else None})
-        self.store.write_part("scores", step, g, out)
-        crash_point(f"score-group{g}", step)
+        return out
 
     def _rewards(self, rows: list[dict]):
         columns = [json.loads(r["columns"]) for r in rows]

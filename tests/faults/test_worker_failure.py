@@ -27,7 +27,8 @@ def _run(work, init, run_dir, **workers):
         "name": "workers", "seed": 1, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "lr": 1e-2, "save_every": 1, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "helpers:varied"}],
+               "lr": 1e-2, "save_every": 1, "rollout": {"max_new_tokens": 5, "groups_per_batch": 1},  # per-group leases
+               "rewards": [{"fn": "helpers:varied"}],
                "workers": workers}})
     run = RLRun(cfg, init, None)
     metrics = [(run.rollout(s)[1], run.score(s), run.update(s)) for s in range(STEPS)]

@@ -54,12 +54,12 @@ def test_one_or_two_rollout_workers_sample_and_train_the_same(init, tmp_path, gr
         run.close()
 
 
-@pytest.mark.parametrize("groups_per_batch", [1, 2])
-def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch, groups_per_batch):
-    """A crash after three of five groups were sealed: the rerun writes only the other two, and
-    the step's shard equals an uninterrupted run's. With batches of 2 the crash splits batch
-    {2, 3}: group 2 is sampled again as 3's batch-mate (not written), so 3 is bit for bit what
-    the uninterrupted run sampled."""
+@pytest.mark.parametrize("groups_per_batch, sealed, calls_after", [(1, [0, 1, 2], [3, 4]), (2, [0, 1], [2, 3, 4])])
+def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch, groups_per_batch, sealed, calls_after):
+    """A worker dies while building group 3: the groups already written are kept, the rerun
+    samples only the rest, and the step's shard equals an uninterrupted run's. One group at a
+    time, 0-2 were written; in batches of 2, a batch is written whole, so {0, 1} was and
+    {2, 3} was not."""
     from hindsight.roles.rollout import RolloutWorker
 
     work, path = init
@@ -71,24 +71,44 @@ def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch, g
     real = RolloutWorker._group_rows
     calls = []
 
-    def dies_after_three(self, task, exp):
-        if len(calls) == 3:
+    def dies_at_group_3(self, task, exp):
+        if task.group == 3 and 3 not in calls:
+            calls.append(3)
             raise RuntimeError("worker died")
         calls.append(task.group)
         return real(self, task, exp)
 
-    monkeypatch.setattr(RolloutWorker, "_group_rows", dies_after_three)
+    monkeypatch.setattr(RolloutWorker, "_group_rows", dies_at_group_3)
     with pytest.raises(RuntimeError):
         run.rollout(0)
-    # the coordinator never heard back: all five are still leased, three parts are on disk
-    assert run.ledger.in_state(0, "leased") == [0, 1, 2, 3, 4] and run.store.has_part("rollouts", 0, 2)
+    # the coordinator never heard back: all five are still leased; the written ones are on disk
+    assert run.ledger.in_state(0, "leased") == [0, 1, 2, 3, 4]
+    assert [g for g in range(5) if run.store.has_part("rollouts", 0, g)] == sealed
+    calls.clear()
     monkeypatch.setattr(RolloutWorker, "_group_rows", lambda self, task, exp: calls.append(task.group) or real(self, task, exp))
     resumed = RLRun(cfg, path, None)  # a new process: the dead one's leases end
     assert resumed.ledger.in_state(0, "pending") == [0, 1, 2, 3, 4]  # the dead process's leases ended
     resumed.rollout(0)
-    assert calls == [0, 1, 2, 3, 4] and not resumed.store.has_part("rollouts", 0, 0)  # 0-2 were not redone
+    assert calls == calls_after  # the sealed groups were not sampled again
     assert resumed.store.read("rollouts", 0) == clean.store.read("rollouts", 0)
     for r in (clean, run, resumed):
+        r.close()
+
+
+def test_a_batch_split_by_an_earlier_run_is_sampled_whole_again(init, tmp_path):
+    """Group 2 was written alone (say by a run with batches of 1) but group 3, its batch-mate
+    in batches of 2, was not: 2 is sampled again beside 3 and not written, so 3 holds exactly
+    what an uninterrupted run samples."""
+    work, path = init
+    rollout = {"max_new_tokens": 5, "groups_per_batch": 2}
+    clean = RLRun(_cfg(work, tmp_path / "clean", rollout=rollout), path, None)
+    clean.rollout(0)
+    run = RLRun(_cfg(work, tmp_path / "split", rollout=rollout), path, None)
+    run.store.write_part("rollouts", 0, 2, clean.store.group_rows("rollouts", 0, 2))
+    run.rollout(0)
+    assert run.store.read("rollouts", 0) == clean.store.read("rollouts", 0)
+    assert run.ledger.read(0)[2].leases == 0  # sealed from its part, never leased
+    for r in (clean, run):
         r.close()
 
 
@@ -98,7 +118,7 @@ def test_a_retried_rollout_task_releases_its_work_in_the_same_process(init, tmp_
     from hindsight.roles.rollout import RolloutWorker
 
     work, path = init
-    run = RLRun(_cfg(work, tmp_path / "retry"), path, None)
+    run = RLRun(_cfg(work, tmp_path / "retry", rollout={"max_new_tokens": 5, "groups_per_batch": 1}), path, None)
     real, calls = RolloutWorker._group_rows, []
 
     def flaky(self, task, exp):
