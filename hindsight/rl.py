@@ -11,7 +11,7 @@ import json
 import math
 import random
 import time
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import torch
@@ -45,10 +45,15 @@ def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int
     out = []
     for k in range(step * per_step, (step + 1) * per_step):
         epoch, pos = divmod(k, n_rows)
-        order = list(range(n_rows))
-        random.Random(f"{seed}-{epoch}").shuffle(order)
-        out.append(order[pos])
+        out.append(_epoch_order(n_rows, str(seed), epoch)[pos])
     return out
+
+
+@lru_cache(maxsize=8)
+def _epoch_order(n_rows: int, seed: str, epoch: int) -> tuple[int, ...]:
+    order = list(range(n_rows))
+    random.Random(f"{seed}-{epoch}").shuffle(order)
+    return tuple(order)
 
 
 class RLRun(AsyncRollouts):

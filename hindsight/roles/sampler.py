@@ -160,9 +160,19 @@ def serve(cmd_fd: int, res_fd: int) -> None:
     from hindsight.roles.rollout import RolloutWorker
     from hindsight.roles.scorer import Scorer
 
+    inbox: queue.Queue = queue.Queue()
+
+    def drain(fh) -> None:
+        """Read commands as they come, also while a step is being sampled: the coordinator's
+        write of a new weights version then never waits for the current step to finish."""
+        while (msg := recv(fh)) is not None:
+            inbox.put(msg)
+        inbox.put(None)
+
     with os.fdopen(cmd_fd, "rb") as commands, os.fdopen(res_fd, "wb") as results:
+        threading.Thread(target=drain, args=(commands,), daemon=True).start()
         worker = None
-        while (msg := recv(commands)) is not None:
+        while (msg := inbox.get()) is not None:
             header, payload = msg
             if header["kind"] == "stop":
                 return
