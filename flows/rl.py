@@ -14,7 +14,7 @@ from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from tasks import tracking
 from tasks.lookback import compare_versions
-from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, rollout_task, score_task, update_task
+from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, step_task
 
 
 def rl_story(ctx: StageContext) -> StageOutput:
@@ -44,20 +44,20 @@ def rl_story(ctx: StageContext) -> StageOutput:
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
     progress = StepProgress("rl", cfg.rl.steps, start)
-    # a retried rollout or score task takes back its leases and redoes only the groups not yet
-    # written; the update is not retried here (it is not idempotent): the stage's retry resumes
-    # from the newest checkpoint instead
-    retry = {"retries": cfg.retries.count, "retry_delay_seconds": cfg.retries.delay_s, "retry_condition_fn": transient}
-    rollout_step, score_step = rollout_task.with_options(**retry), score_task.with_options(**retry)
+    # a retried step takes back its leases and redoes only the groups not yet written; a
+    # failure once the update has begun is not retried here (training is not idempotent): the
+    # stage's retry resumes from the newest checkpoint instead
+    step_run = step_task.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
+                                      retry_condition_fn=lambda *a: transient(*a) and not get_run(key).updating)
     try:
         for step in range(start, cfg.rl.steps):
             done = step + 1
-            rollout = rollout_step(key, step)
-            metrics = {**_numeric(rollout), **_numeric(score_step(key, step)), **update_task(key, step)}
+            out = step_run(key, step)
+            metrics = _numeric(out)
             if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
                 metrics["eval/accuracy"] = evaluate_task(key)
-            if rollout.get("replay/ids"):
-                tracking.log_json(cfg, run_id, {"step": step, "ids": rollout["replay/ids"]}, f"replay/step-{step:06d}.json")
+            if out.get("replay/ids"):
+                tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
             progress.advance(done, f"reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
             _watch(cfg, key, run_id, done, metrics)
     finally:

@@ -1,6 +1,8 @@
 """Per-token log-probabilities and entropies of completions under a causal LM."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
@@ -37,12 +39,16 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def cache_kwargs(model, cache) -> dict:
-    """The keyword a model's forward takes its KV cache by: `cache` from transformers 5.x on,
+    """The keyword a model's forward takes its KV cache by: `cache` in recent transformers 5.x,
     `past_key_values` before (still accepted, with a deprecation warning per process)."""
+    return {_cache_keyword(type(model)): cache, "use_cache": True}
+
+
+@lru_cache(maxsize=None)
+def _cache_keyword(model_type: type) -> str:
     import inspect
 
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache, "use_cache": True}
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
 def output_cache(out):

@@ -95,6 +95,7 @@ class RLRun(AsyncRollouts):
         self.critic, self.critic_optimizer = self._load_critic(start, init_path, rm_path)
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.version = self.start_step  # the weights version: how many updates the policy has had
+        self.updating = False
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.learners = self._start_learners(start, policy_path)
@@ -315,6 +316,7 @@ class RLRun(AsyncRollouts):
             raise CheckpointError(f"{self.ledger.path(step)}: groups {already} of step {step} are already trained "
                                   f"into the weights (resume from step {self.start_step}); refusing to train them twice")
         t0 = time.perf_counter()
+        self.updating = True  # until the step is trained and recorded: a failure now is not retried in place
         rows, scores = self.store.read("rollouts", step), self.store.read("scores", step)
         train_rows, train_scores, metrics = self._train_groups(rows, scores)
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
@@ -338,6 +340,7 @@ class RLRun(AsyncRollouts):
         done = step + 1
         if done % self.rl.save_every == 0 or done == self.rl.steps:
             self.checkpoint(done)
+        self.updating = False
         return metrics
 
     def _launched_update(self, exp: Experience, rows: list[dict]) -> dict:

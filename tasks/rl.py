@@ -32,21 +32,15 @@ def get_run(key: str) -> RLRun:
     return _RESIDENT[key]
 
 
-@task(name="rollout")
-def rollout_task(key: str, step: int) -> dict:
-    path, metrics = get_run(key).rollout(step)
-    return {"shard": str(path), **metrics}
-
-
-@task(name="score")
-def score_task(key: str, step: int) -> dict:
-    path, metrics = get_run(key).score(step)
-    return {"shard": str(path), **metrics}
-
-
-@task(name="update")
-def update_task(key: str, step: int) -> dict:
-    return get_run(key).update(step)
+@task(name="step")
+def step_task(key: str, step: int) -> dict:
+    """One RL step, rollout -> score -> update, as one Prefect task (one round trip, not three).
+    A retry redoes only what did not land; `RLRun.updating` tells a failure inside the update,
+    which is not retried in place (see flows/rl.py)."""
+    run = get_run(key)
+    _, rollout = run.rollout(step)
+    _, score = run.score(step)
+    return {**rollout, **score, **run.update(step)}
 
 
 @task(name="report")

@@ -29,9 +29,14 @@ def tracking_uri(cfg: PipelineConfig) -> str:
 
 def client(cfg: PipelineConfig) -> MlflowClient:
     uri = tracking_uri(cfg)
-    mlflow.set_tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)  # also for mlflow's own helpers that read the global URI
     mlflow.set_registry_uri(uri)
-    return MlflowClient(uri, registry_uri=uri)
+    if uri not in _CLIENTS:  # one per store and process: a new client per call cost ~10 ms a step
+        _CLIENTS[uri] = MlflowClient(uri, registry_uri=uri)
+    return _CLIENTS[uri]
+
+
+_CLIENTS: dict[str, MlflowClient] = {}
 
 
 def experiment_id(c: MlflowClient, cfg: PipelineConfig) -> str:
@@ -97,13 +102,26 @@ def log_context(cfg: PipelineConfig, run_id: str, data_md5: str | None) -> None:
     c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
 
+_PENDING: list = []  # metric batches handed to MLflow's async logger, not yet confirmed written
+
+
 def log_metrics(cfg: PipelineConfig, run_id: str, metrics: dict[str, float], step: int) -> None:
+    """Queue the step's metrics (MLflow's async logging): the training loop does not wait for
+    the tracking store. `flush_metrics` waits for them; `end_run` calls it, so a run never
+    ends with a metric missing, and a write that failed raises there."""
     import time
 
     now = int(time.time() * 1000)
     batch = [Metric(_metric_key(k), float(v), now, step) for k, v in metrics.items() if v is not None]
     if batch:
-        client(cfg).log_batch(run_id, metrics=batch)
+        op = client(cfg).log_batch(run_id, metrics=batch, synchronous=False)
+        if op is not None:
+            _PENDING.append(op)
+
+
+def flush_metrics() -> None:
+    while _PENDING:
+        _PENDING.pop(0).wait()
 
 
 def _metric_key(key: str) -> str:
@@ -125,7 +143,10 @@ def log_artifact(cfg: PipelineConfig, run_id: str, path: str | Path, artifact_pa
 
 
 def end_run(cfg: PipelineConfig, run_id: str, status: str = "FINISHED") -> None:
-    client(cfg).set_terminated(run_id, status=status)
+    try:
+        flush_metrics()
+    finally:  # a failed flush still ends the run, and then raises
+        client(cfg).set_terminated(run_id, status=status)
 
 
 def git_commit() -> str:

@@ -97,15 +97,15 @@ def test_permanent_failure_names_the_stage_and_the_rerun_resumes(work):
     assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(4)]
 
 
-def test_a_failed_rollout_task_is_retried_as_a_task_and_re_leases_its_work(work, prefect_api):
-    """A transient failure in the rollout task (after the step's groups were written) is
-    retried by Prefect as that task, not as the stage: one MLflow attempt, the step's parts
-    kept and merged, no group sampled twice."""
+def test_a_failed_rollout_is_retried_as_its_step_task_and_re_leases_its_work(work, prefect_api):
+    """A transient failure in a step's rollout (after the step's groups were written) is
+    retried by Prefect as that step's task, not as the stage: one MLflow attempt, the step's
+    parts kept and merged, no group sampled twice."""
     work, env, name = work
     result = _rl(work, env, fault="raise:rollout:1")
     assert result.returncode == 0, result.stderr[-3000:]
     with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="rollout")))
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="step")))
         retried = [r for r in runs if r.run_count == 2 and r.state.is_completed()]
         assert len(retried) == 1, [(r.name, r.run_count, r.state.type) for r in runs]
         assert [s.name for s in client.read_task_run_states(retried[0].id)][-2:] == ["Retrying", "Completed"]
