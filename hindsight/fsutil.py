@@ -18,7 +18,9 @@ from hindsight.faults import disk_full, enospc
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    """`durable=False` skips the fsync: the write is still atomic against a crashed process, but
+    a power cut may lose it. For bookkeeping that the newest checkpoint can rebuild (the ledger)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -29,7 +31,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 raise enospc(tmp)
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         raise _storage_error(path, exc) from exc
@@ -44,8 +47,8 @@ def _storage_error(path: Path, exc: OSError) -> StorageError:
                         f"complete state is kept: fix the cause and rerun the same command to resume")
 
 
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode("utf-8"))
+def atomic_write_json(path: Path, obj, durable: bool = True) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode("utf-8"), durable)
 
 
 def atomic_dir(final: Path, fill) -> Path:
