@@ -178,7 +178,8 @@ class RLRun(AsyncRollouts):
             if mine:
                 self.ledger.move(step, mine, "leased", worker=worker.id, ttl_s=self.rl.workers.lease_ttl_s)
                 self.ledger.move(step, worker.generate(share, self.version), "sealed")
-        return [row for t in tasks for row in self.store.read_part("rollouts", step, t.group)]
+        by_group = self.store.groups_rows("rollouts", step, [t.group for t in tasks])
+        return [row for t in tasks for row in by_group[t.group]]
 
     def _signal_groups(self, step: int, rows: list[dict]) -> int:
         """How many of the rows' groups have rewards that differ: they are scored now (their score
