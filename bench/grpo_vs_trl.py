@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 PROMPTS, SAMPLES, LR, BETA = 16, 8, 2e-4, 0.02
+LAST = 5  # the final reward: the mean over the last LAST steps
 TASKS = {  # task: (new tokens, reward)
     "sum": (24, "rewards.exact:final_answer"),
     "demo": (5, "rewards.exact:exact_answer"),
@@ -82,7 +83,7 @@ def run_trl(init: str, rows: list[dict], steps: int, seed: int, task: str, out: 
                           processing_class=tok, callbacks=[Stamp()])
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"step_s": _step_s(stamps), "reward_last": statistics.mean(rewards[-3:])}
+    return {"step_s": _step_s(stamps), "reward_last": statistics.mean(rewards[-LAST:])}
 
 
 def run_flow(init: str, work: Path, steps: int, seed: int, task: str, k: int, name: str) -> dict:
@@ -108,11 +109,19 @@ def run_flow(init: str, work: Path, steps: int, seed: int, task: str, k: int, na
     history = sorted(client.get_metric_history(result.run_id, "reward/mean"), key=lambda m: m.step)
     stamps = [m.timestamp / 1000 for m in history]
     split = {}
-    for key in ("time/rollout_s", "time/rollout_wait_s", "time/score_s", "time/update_s"):
+    for key in ("time/rollout_s", "time/rollout_wait_s", "time/score_s", "time/update_s", "time/compute/generate_s",
+                "time/compute/score_s", "time/compute/learn_s"):
         values = [m.value for m in client.get_metric_history(result.run_id, key) if m.step > 1]
         if values:
             split[key] = statistics.median(values)
-    return {"step_s": _step_s(stamps), "reward_last": statistics.mean(m.value for m in history[-3:]), "split": split}
+    compute = {}  # step -> seconds in the kernel's own work (engine, rewards + models, learner update)
+    for key in ("time/compute/generate_s", "time/compute/score_s", "time/compute/learn_s"):
+        for m in client.get_metric_history(result.run_id, key):
+            compute[m.step] = compute.get(m.step, 0.0) + m.value
+    by_step = {m.step: m.timestamp / 1000 for m in history}
+    inside = [(by_step[s] - by_step[s - 1]) / compute[s] - 1 for s in sorted(by_step)[1:-1] if s in compute and s - 1 in by_step]
+    return {"step_s": _step_s(stamps), "reward_last": statistics.mean(m.value for m in history[-LAST:]), "split": split,
+            "overhead_inside": statistics.median(inside) if inside else None}
 
 
 class Kernel:
@@ -174,7 +183,7 @@ def _step_s(stamps: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", choices=sorted(TASKS), default="sum")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -189,7 +198,7 @@ def main() -> None:
         runs["hindsight async k=1"].append(run_flow(init, work, a.steps, seed, a.task, 1, f"async-{seed}"))
     new_tokens = TASKS[a.task][0]
     print(f"\ntask {a.task}: {a.steps} steps x {PROMPTS} prompts x {SAMPLES} samples, {new_tokens} new tokens, "
-          f"{a.seeds} seeds (median; reward: mean of the last 3 steps, min-max over seeds)")
+          f"{a.seeds} seeds (median; reward: mean of the last {LAST} steps, min-max over seeds)")
     print(f"{'':<22}{'samples/s':>10}{'s/step':>9}{'reward':>9}{'spread':>16}")
     rate = {}
     for name, rs in runs.items():
@@ -201,12 +210,15 @@ def main() -> None:
     for name in ("hindsight sync", "hindsight async k=1"):
         split = {k: statistics.median(r["split"][k] for r in runs[name] if k in r["split"])
                  for k in runs[name][0]["split"]}
-        print(f"{name} split (s/step): " + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in split.items()))
+        print(f"{name} split (s/step): " + ", ".join(f"{k.removeprefix('time/')} {v:.3f}" for k, v in split.items()))
     flow, kernel = (statistics.median(r["step_s"] for r in rs) for rs in (runs["hindsight sync"], kernels))
     print("kernel split (s/step): " + ", ".join(f"{k} {statistics.median(r['split'][k] for r in kernels):.3f}"
                                                 for k in kernels[0]["split"]))
     print(f"overhead per step (sync flow against the bare kernel, steady state, each run right after the "
           f"other): flow {flow:.3f}s, kernel {kernel:.3f}s, overhead {(flow / kernel - 1) * 100:.1f}%")
+    inside = statistics.median(r["overhead_inside"] for r in runs["hindsight sync"])
+    print(f"overhead per step inside the sync flow (step wall time against the kernel's own work in it: the "
+          f"engine, rewards + reference, the learner update; same run, so free of machine drift): {inside * 100:.1f}%")
     print(f"ratio async/sync samples_per_s: {rate['hindsight async k=1'] / rate['hindsight sync']:.2f}")
     print(f"ratio hindsight/trl samples_per_s: {rate['hindsight async k=1'] / rate['trl']:.2f} (async k=1)")
 

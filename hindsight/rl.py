@@ -153,6 +153,10 @@ class RLRun(AsyncRollouts):
         n_tokens = sum(len(r["completion_ids"]) for r in rows)
         metrics.update(self.worker_metrics)
         metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
+        if self.rollout_workers:  # in this process: how much of it was the engine itself
+            metrics["time/compute/generate_s"] = sum(w.compute_s for w in self.rollout_workers)
+            for w in self.rollout_workers:
+                w.compute_s = 0.0
         return self.store.merge_parts("rollouts", step, sorted({r["group"] for r in rows})), metrics
 
     def _sample(self, step: int, round_: int, prompts: list[dict], first_group: int) -> list[dict]:
@@ -231,6 +235,10 @@ class RLRun(AsyncRollouts):
         self._score_groups(step, groups)
         metrics = {f"reward/failures/{k}": float(v) for k, v in self._failures.pop(step, {}).items()}
         metrics["time/score_s"] = time.perf_counter() - t0
+        if self.scorers:  # in this process: how much of it was the rewards and models themselves
+            metrics["time/compute/score_s"] = sum(s.compute_s for s in self.scorers)
+            for s in self.scorers:
+                s.compute_s = 0.0
         if self.scorer_pool is not None:
             metrics.update(self.scorer_pool.metrics())  # scorer deaths and reassigned groups
         crash_point("score", step)
@@ -328,7 +336,9 @@ class RLRun(AsyncRollouts):
             elif self.cfg.resources.num_processes > 1:
                 metrics.update(self._launched_update(exp, train_rows))
             else:
+                t_learn = time.perf_counter()
                 metrics.update(update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer))
+                metrics["time/compute/learn_s"] = time.perf_counter() - t_learn
             self._publish_weights()
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
             self._mark(step, "sealed", "scored")

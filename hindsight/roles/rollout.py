@@ -9,6 +9,7 @@ part shard, so a worker that dies mid-lease loses only the groups it had not fin
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -87,6 +88,7 @@ class RolloutWorker:
         self.init_path = init_path
         self.version = 0
         self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+        self.compute_s = 0.0  # seconds in the engine (the rest is I/O): the bench's split
 
     def load_weights(self, version: int, state_dict=None) -> None:
         """Take weights version `version`; with no state dict the worker shares the learner's
@@ -102,7 +104,9 @@ class RolloutWorker:
         done = []
         size = self.rl.samples_per_prompt
         for batch in self._batches(tasks):
+            t0 = time.perf_counter()
             exp = self._generate_batch(batch)
+            self.compute_s += time.perf_counter() - t0
             rows = {t.group: self._group_rows(t, exp.rows(list(range(i * size, (i + 1) * size))))
                     for i, t in enumerate(batch) if t.write}
             write_groups(self.store, "rollouts", batch[0].step, rows)

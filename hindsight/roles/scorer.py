@@ -9,6 +9,7 @@ which groups it was scored with, or on how many scorers there are.
 from __future__ import annotations
 
 import json
+import time
 
 import torch
 
@@ -35,17 +36,22 @@ class Scorer:
     def __init__(self, scorer_id: str, rl, pad_id: int, ref, rm, reward_worker, store: RolloutStore):
         self.id, self.rl, self.pad_id, self.ref, self.rm = scorer_id, rl, pad_id, ref, rm
         self.reward_worker, self.store = reward_worker, store
+        self.compute_s = 0.0  # seconds in the rewards and models (the rest is I/O): the bench's split
 
     def score(self, step: int, groups: list[int]) -> dict[str, int]:
         """Score and store each group; returns how many calls of each reward failed."""
         by_group = self.store.groups_rows("rollouts", step, groups)
         rows = [r for g in groups for r in by_group[g]]
+        t0 = time.perf_counter()
         result = self._rewards(rows)
+        self.compute_s += time.perf_counter() - t0
         at, n = {}, 0  # where each group's rows start in `rows`
         for g in groups:
             at[g], n = n, n + len(by_group[g])
         for batch in self._batches(groups, by_group):
+            t0 = time.perf_counter()
             models = self._models([r for g in batch for r in by_group[g]])
+            self.compute_s += time.perf_counter() - t0
             write_groups(self.store, "scores", step,
                          {g: self._score_rows(step, by_group[g], at[g], result, models, i) for i, g in enumerate(batch)})
         return result.failures
