@@ -84,3 +84,17 @@ def test_set_overrides_nested_keys_with_yaml_types(tmp_path):
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config(ROOT / "configs/demo.yaml"))
     assert flat["rl.kl.coef"] == "0.02" and flat["name"] == "demo"
+
+
+@pytest.mark.parametrize("extra, named", [
+    ("  dynamic_sampling: {enabled: true}\n", "dynamic_sampling.enabled"),
+    ("  workers: {placement: ray}\n", "workers.placement: ray"),
+    ("  workers: {rollout: 2}\n", "workers.rollout > 1"),
+])
+def test_async_refuses_what_it_does_not_combine_with(tmp_path, extra, named):
+    path = tmp_path / "c.yaml"
+    path.write_text("rl:\n  async: {max_staleness: 1}\n" + extra)
+    with pytest.raises(ConfigError, match=f"async.max_staleness >= 1 runs one sampler process; it does not combine with {named}"):
+        load_config(path)
+    path.write_text("rl:\n  async: {max_staleness: 0}\n" + extra)
+    assert load_config(path).rl.async_.max_staleness == 0  # on-policy: all of them are fine
