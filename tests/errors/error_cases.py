@@ -101,6 +101,11 @@ def _(ws, tmp):
     return write_text_config(tmp, "rl:\n  workers:\n    rollout: 0\n")
 
 
+@case("async-with-dynamic-sampling")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  async: {max_staleness: 1}\n  dynamic_sampling: {enabled: true}\n")
+
+
 @case("workers-too-many-cpus")
 def _(ws, tmp):
     workers = {"placement": "ray", "rollout": 64, "resources": {"rollout": {"num_cpus": 1}}}
