@@ -73,7 +73,10 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     forward over (prompt + completion) per row (gradients flow through the copied cache to the
     prompt), at about P/G + T tokens per row instead of P + T. Rows that do not share their
     prompts in groups take the plain path."""
-    if not shares_prompts(input_ids, attention_mask, n_completion, group_size):
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or \
+            not shares_prompts(input_ids, attention_mask, n_completion, group_size):
+        # DDP reduces gradients once per forward: two forwards before one backward would break
+        # its bookkeeping (and deadlock ranks whose shares take different paths)
         return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy)
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)

@@ -11,17 +11,17 @@ global RNG, so a group's samples depend on what else is in the batch. Here:
   the batch it shares (up to float rounding, which flips a token only at a near-tie);
 - decoding stops when every row has ended, not at `max_new_tokens`.
 
-The behaviour log-probs are read off the decoding logits (the tempered softmax, without the
-top-p renormalisation, as the learner computes them), so no second forward is needed; they
-equal the learner's recompute to float rounding (~1e-6), so the ratio is 1 before the first
-update (`tests/unit/test_sampler.py`).
+The behaviour log-probs are then computed by one forward of the learner's own function
+(`group_token_logprobs`), not read off the decoding logits: those are one-token matmuls whose
+float rounding changes with the thread count (a Ray actor's 1 thread against the stage's 2
+gave 5e-7 apart), and stored rows must be the same bits wherever they were sampled.
 """
 from __future__ import annotations
 
 import torch
 
 from hindsight.experience import Experience, pad_left
-from hindsight.logprobs import cache_kwargs, model_device, output_cache, position_ids
+from hindsight.logprobs import cache_kwargs, group_token_logprobs, model_device, output_cache, position_ids
 from hindsight.rollout.hf import completion_mask
 
 
@@ -69,14 +69,12 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     attn = mask.repeat_interleave(group_size, 0).to(dev)                            # (B, L)
     pos = (attn.sum(-1, keepdim=True) - 1)                                          # (B, 1) last prompt position
     done = torch.zeros(len(attn), dtype=torch.bool, device=dev)                     # (B,)
-    tokens, logps = [], []
-    scale = temperature if temperature > 0 else 1.0
+    tokens = []
     for t in range(max_new_tokens):
         noise = gumbel_noise(gens, group_size, logits.size(-1))                     # (B, V)
         nxt = pick_tokens(logits, noise, temperature, top_p)                        # (B,)
         nxt = nxt.masked_fill(done, tok.pad_token_id)
         tokens.append(nxt)
-        logps.append(torch.log_softmax(logits.float() / scale, -1).gather(-1, nxt[:, None]).squeeze(-1))  # (B,)
         done |= nxt == tok.eos_token_id
         if bool(done.all()) or t == max_new_tokens - 1:
             break
@@ -87,7 +85,9 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     completion_ids = torch.stack(tokens, dim=1).cpu()                               # (B, T')
     cmask = completion_mask(completion_ids, tok.eos_token_id)                       # (B, T')
     completion_ids = completion_ids.masked_fill(cmask == 0, tok.pad_token_id)
-    logp = torch.stack(logps, dim=1).cpu()                                          # (B, T')
     prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+    logp, _ = group_token_logprobs(model, torch.cat([prompt_ids, completion_ids], dim=1),
+                                   torch.cat([prompt_mask, cmask], dim=1), completion_ids.size(1), group_size,
+                                   temperature if temperature > 0 else 1.0)          # (B, T')
     model.train(was_training)
-    return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp * cmask, group_size)
+    return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)

@@ -8,6 +8,9 @@ from hindsight.config import PipelineConfig
 from hindsight.rl import RLRun
 
 STEPS = 3
+# 1 and 2 learners sum the gradient in a different order; Adam's first steps at lr 1e-2 turn
+# that float noise on near-zero gradients into ~2e-5 here (measured: grpo 1.9e-5, ppo 1.2e-5)
+ATOL = 1e-4
 
 
 
@@ -45,10 +48,10 @@ def test_two_learners_train_what_one_trains(init, tmp_path, algorithm):
     moved = max((a - b).abs().max().item() for a, b in zip(one.policy.parameters(), two.policy.parameters()))
     print(f"{algorithm}: 1 vs 2 learners max |diff| {moved:.2e}")
     for (k, a), (_, b) in zip(one.policy.state_dict().items(), two.policy.state_dict().items()):
-        assert torch.allclose(a, b, atol=1e-5), k
+        assert torch.allclose(a, b, atol=ATOL), k
     if algorithm == "ppo":
         for (k, a), (_, b) in zip(one.critic.state_dict().items(), two.critic.state_dict().items()):
-            assert torch.allclose(a, b, atol=1e-5), k
+            assert torch.allclose(a, b, atol=ATOL), k
     for step in range(STEPS):  # the same tokens sampled, so the same batches were trained
         a, b = one.store.read("rollouts", step), two.store.read("rollouts", step)
         assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
@@ -81,6 +84,6 @@ def test_a_dead_learner_fails_the_stage_and_the_rerun_resumes_from_the_checkpoin
     resumed, _, _ = _run(work, path, tmp_path / "run", "grpo", workers)
     assert resumed.start_step == 1  # step 0's checkpoint (save_every 1); step 1 is trained again
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), resumed.policy.state_dict().items()):
-        assert torch.allclose(a, b, atol=1e-5), k
+        assert torch.allclose(a, b, atol=ATOL), k
     assert [e.trained for e in resumed.ledger.read(1).values()] == [1, 1, 1]
     reference.close(), resumed.close()
