@@ -6,7 +6,9 @@ The task is the long-completion worked sum (`hindsight/sumtask.py`, ~20 new toke
 `--task demo`. All three start from one SFT checkpoint (TRL's SFTTrainer, here) and use the
 same model, 16 prompts x 8 samples per step, `max_new_tokens`, temperature 1, lr 2e-4
 constant, beta 0.02 (k3 in the loss), loss `grpo` (= our seq_mean_token_mean), group-scaled
-rewards, and the same reward. hindsight runs its real RL flow (Prefect tasks, MLflow, the
+rewards, and the same reward; hindsight reads the behaviour log-probs off the decoding logits
+(`rollout.logprobs: decode`: TRL computes none when it takes one pass per batch). hindsight
+runs its real RL flow (Prefect tasks, MLflow, the
 rollout store). Per seed the three run in turn, so machine drift hits all; the table shows
 medians over seeds. Rates are steady state: the median time between the ends of consecutive
 steps, so model loading, process start-up and the final evaluation and checkpoint are left
@@ -100,7 +102,7 @@ def run_flow(init: str, work: Path, steps: int, seed: int, task: str, k: int, na
                  "prompts": str(work / "data/prompts.jsonl"), "eval": str(work / "data/eval.jsonl")},
         "rl": {"init": init, "steps": steps, "prompts_per_step": PROMPTS, "samples_per_prompt": SAMPLES, "lr": LR,
                "kl": {"coef": BETA, "estimator": "k3"}, "rewards": [{"fn": reward}],
-               "rollout": {"max_new_tokens": new_tokens, "groups_per_batch": PROMPTS},
+               "rollout": {"max_new_tokens": new_tokens, "groups_per_batch": PROMPTS, "logprobs": "decode"},
                "async": {"max_staleness": k}, "eval_every": 10_000, "save_every": 10_000, "report_every": 10_000},
         "eval": {"limit": 1, "max_new_tokens": new_tokens, "reward": reward, "compare_versions": 0},
         "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db"}})
@@ -148,7 +150,7 @@ class Kernel:
 
         t0 = time.perf_counter()
         exp = sample_groups(self.policy, self.tok, [r["prompt"] for r in batch], [step * 1000 + i for i in range(len(batch))],
-                            SAMPLES, self.new_tokens)
+                            SAMPLES, self.new_tokens, logprobs="decode")
         t1 = time.perf_counter()
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         answers = [r["answer"] for r in batch for _ in range(SAMPLES)]

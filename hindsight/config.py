@@ -104,6 +104,10 @@ class RolloutConfig(Strict):
                                                        "batch, one prefill per prompt. Batches are fixed by group "
                                                        "index and dealt whole, so a group's samples never depend on "
                                                        "the worker count; 1: each group alone")
+    logprobs: Literal["forward", "decode"] = Field(
+        "forward", description="hf: the behaviour log-probs from one forward after decoding (the same bits "
+                               "whatever the worker's thread count), or read off the decoding logits (one "
+                               "forward fewer; equal to ~1e-6, the same bits at one thread count)")
 
 
 class KLConfig(Strict):

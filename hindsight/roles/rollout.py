@@ -126,7 +126,7 @@ class RolloutWorker:
         seeds = [group_seed(self.seed, t.step, t.group) for t in batch]
         if r.backend == "hf":
             return sample_groups(self.policy, self.tok, [t.prompt["prompt"] for t in batch], seeds, size,
-                                 r.max_new_tokens, r.temperature, r.top_p)
+                                 r.max_new_tokens, r.temperature, r.top_p, r.logprobs)
         (task,) = batch
         return self._learner_logprobs(self._generate(task.prompt["prompt"], seeds[0]))
 

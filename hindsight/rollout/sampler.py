@@ -15,6 +15,9 @@ The behaviour log-probs are then computed by one forward of the learner's own fu
 (`group_token_logprobs`), not read off the decoding logits: those are one-token matmuls whose
 float rounding changes with the thread count (a Ray actor's 1 thread against the stage's 2
 gave 5e-7 apart), and stored rows must be the same bits wherever they were sampled.
+`logprobs="decode"` (`rollout.logprobs: decode`) reads them off the decoding logits instead:
+one forward fewer, equal to the recompute to ~1e-6, the same bits only at the same thread
+count (one sampler process, as async RL has).
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ def pick_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, t
 
 @torch.no_grad()
 def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: int, max_new_tokens: int,
-                  temperature: float = 1.0, top_p: float = 1.0) -> Experience:
+                  temperature: float = 1.0, top_p: float = 1.0, logprobs: str = "forward") -> Experience:
     """Sample `group_size` completions of each prompt; group i uses seeds[i]. Rows come out in
     groups, prompts left-padded and completions right-padded, as `generate` returns them."""
     dev = model_device(model)
@@ -69,12 +72,15 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     attn = mask.repeat_interleave(group_size, 0).to(dev)                            # (B, L)
     pos = (attn.sum(-1, keepdim=True) - 1)                                          # (B, 1) last prompt position
     done = torch.zeros(len(attn), dtype=torch.bool, device=dev)                     # (B,)
-    tokens = []
+    tokens, decoded = [], []
+    scale = temperature if temperature > 0 else 1.0
     for t in range(max_new_tokens):
         noise = gumbel_noise(gens, group_size, logits.size(-1))                     # (B, V)
         nxt = pick_tokens(logits, noise, temperature, top_p)                        # (B,)
         nxt = nxt.masked_fill(done, tok.pad_token_id)
         tokens.append(nxt)
+        if logprobs == "decode":
+            decoded.append(torch.log_softmax(logits.float() / scale, -1).gather(-1, nxt[:, None]).squeeze(-1))  # (B,)
         done |= nxt == tok.eos_token_id
         if bool(done.all()) or t == max_new_tokens - 1:
             break
@@ -86,8 +92,11 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     cmask = completion_mask(completion_ids, tok.eos_token_id)                       # (B, T')
     completion_ids = completion_ids.masked_fill(cmask == 0, tok.pad_token_id)
     prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
-    logp, _ = group_token_logprobs(model, torch.cat([prompt_ids, completion_ids], dim=1),
-                                   torch.cat([prompt_mask, cmask], dim=1), completion_ids.size(1), group_size,
-                                   temperature if temperature > 0 else 1.0)          # (B, T')
+    if logprobs == "decode":
+        logp = torch.stack(decoded, dim=1)                                          # (B, T')
+    else:
+        logp, _ = group_token_logprobs(model, torch.cat([prompt_ids, completion_ids], dim=1),
+                                       torch.cat([prompt_mask, cmask], dim=1), completion_ids.size(1), group_size,
+                                       scale)                                        # (B, T')
     model.train(was_training)
     return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)

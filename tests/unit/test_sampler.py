@@ -86,3 +86,12 @@ def test_rows_that_do_not_share_prompts_take_the_plain_path(model):
     a, _ = token_logprobs(policy, ids, mask, n)
     b, _ = group_token_logprobs(policy, ids, mask, n, 2)
     assert torch.equal(a, b)
+
+
+def test_decode_time_logprobs_equal_the_forward_ones(model):
+    policy, tok = model
+    a = sample_groups(policy, tok, PROMPTS, [7, 8, 9], 4, 10, temperature=0.8, logprobs="forward")
+    b = sample_groups(policy, tok, PROMPTS, [7, 8, 9], 4, 10, temperature=0.8, logprobs="decode")
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    m = a.completion_mask.bool()
+    assert torch.allclose(a.logprobs[m], b.logprobs[m], atol=1e-5) and (b.logprobs[~m] == 0).all()
