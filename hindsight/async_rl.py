@@ -19,7 +19,8 @@ from hindsight.roles.sampler import AsyncSampler, SamplerSpec, split_threads, ve
 
 
 class AsyncRollouts:
-    """Needs from RLRun: rl, cfg, store, ledger, version, policy, tok, init_path, select_prompts."""
+    """Needs from RLRun: rl, cfg, dir, store, ledger, version, policy, init_path, select_prompts,
+    _open_groups and _failures."""
 
     def _start_sampler(self, policy_path: str, rm_path: str | None) -> AsyncSampler | None:
         self.sampler, self._rolled, self._ahead, self._threads_before = None, {}, {}, None
@@ -60,15 +61,7 @@ class AsyncRollouts:
                                   f"but its rollouts are not stored and this run holds version {self.version}")
         prompts, metrics = self.select_prompts(step)
         tasks = [GroupTask(step=step, group=i, round=0, prompt=p) for i, p in enumerate(prompts)]
-        self.ledger.open(step, [t.group for t in tasks])
-        self.ledger.take_back(step)
-        entries = self.ledger.read(step)
-        written = [t.group for t in tasks if entries[t.group].state == "pending"
-                   and self.store.has_part("rollouts", step, t.group)]
-        if written:
-            self.ledger.move(step, written, "sealed")
-        todo = [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
-        todo = with_batch_mates(todo, tasks, self.rl.rollout.groups_per_batch)
+        todo = with_batch_mates(self._open_groups(step, tasks), tasks, self.rl.rollout.groups_per_batch)
         self._rolled[step] = {"groups": [t.group for t in tasks], "metrics": metrics}
         mine = [t.group for t in todo if t.write]
         if mine:

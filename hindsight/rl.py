@@ -164,14 +164,7 @@ class RLRun(AsyncRollouts):
         an earlier attempt wrote is sealed by it (a part is written whole or not at all) and kept,
         not sampled again: a worker that died mid-lease loses only the groups it had not finished."""
         tasks = [GroupTask(step=step, group=first_group + i, round=round_, prompt=p) for i, p in enumerate(prompts)]
-        self.ledger.open(step, [t.group for t in tasks])
-        self.ledger.take_back(step)  # leases of an interrupted attempt (a Prefect task retry) are void
-        entries = self.ledger.read(step)
-        written = [t.group for t in tasks if entries[t.group].state == "pending"
-                   and self.store.has_part("rollouts", step, t.group)]
-        if written:
-            self.ledger.move(step, written, "sealed")
-        todo = [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
+        todo = self._open_groups(step, tasks)
         if self.pool is not None:
             self.pool.resize(step)
             self.worker_metrics = {**self.pool.dispatch(step, todo, self.store), "workers/rollout": float(len(self.pool.actors))}
@@ -184,6 +177,18 @@ class RLRun(AsyncRollouts):
                 self.ledger.move(step, worker.generate(share, self.version), "sealed")
         by_group = self.store.groups_rows("rollouts", step, [t.group for t in tasks])
         return [row for t in tasks for row in by_group[t.group]]
+
+    def _open_groups(self, step: int, tasks: list[GroupTask]) -> list[GroupTask]:
+        """Open the tasks' groups in the ledger; returns those still to sample. A group whose part
+        an earlier attempt wrote is sealed by it (a part is written whole or not at all)."""
+        self.ledger.open(step, [t.group for t in tasks])
+        self.ledger.take_back(step)  # leases of an interrupted attempt (a Prefect task retry) are void
+        entries = self.ledger.read(step)
+        written = [t.group for t in tasks if entries[t.group].state == "pending"
+                   and self.store.has_part("rollouts", step, t.group)]
+        if written:
+            self.ledger.move(step, written, "sealed")
+        return [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
 
     def _signal_groups(self, step: int, rows: list[dict]) -> int:
         """How many of the rows' groups have rewards that differ: they are scored now (their score
