@@ -33,8 +33,8 @@ from hindsight.models import disable_dropout, load_causal_lm, load_reward_model,
 from hindsight.reward_worker import RewardWorker
 from hindsight.ledger import Ledger
 from hindsight.roles import deal
-from hindsight.roles.rollout import GroupTask, RolloutWorker, batch_of, with_batch_mates
-from hindsight.roles.scorer import Scorer
+from hindsight.roles.rollout import GroupTask, batch_of, with_batch_mates
+from hindsight.roles.start import RoleStarts
 from hindsight.scoring import load_reward_fn
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
@@ -56,7 +56,7 @@ def _epoch_order(n_rows: int, seed: str, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-class RLRun(AsyncRollouts):
+class RLRun(AsyncRollouts, RoleStarts):
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
         self.dir = cfg.root / "rl"
@@ -269,48 +269,6 @@ class RLRun(AsyncRollouts):
         found = [g for g in self.ledger.in_state(step, state) if groups is None or g in groups]
         if found:
             self.ledger.move(step, found, to)
-
-    def _start_learners(self, start: int | None, policy_path: str):
-        """Learner ranks 1..P-1 (rl.workers.learner = P > 1) in one group with this process, for the stage."""
-        if self.rl.workers.learner == 1:
-            return None
-        from hindsight.roles.placement import LearnerGroup
-
-        root = self.ckpt.root
-        paths = {"policy": policy_path, "critic": self.critic_source}
-        if start:
-            paths["optimizer"] = str(root / "optimizer" / f"step-{start:06d}.pt")
-            if self.critic is not None:
-                paths["critic_optimizer"] = str(root / "critic_optimizer" / f"step-{start:06d}.pt")
-        return LearnerGroup(self.rl.workers.learner, self.rl, paths, self.cfg.model.dtype, self.tok.pad_token_id,
-                            self.cfg.seed, self.policy, self.critic)
-
-    def _start_scorers(self, rm_path: str | None):
-        """(in-process scorers sharing this process's models, or a Ray pool of scorer actors)."""
-        if self.rl.workers.placement == "ray":
-            from hindsight.roles.placement import RayScorerPool
-
-            return [], RayScorerPool(self.rl.workers.scorer, self.rl, self.init_path, rm_path, self.cfg.model.dtype,
-                                     self.dir)
-        return [Scorer(f"local-scorer-{i}", self.rl, self.tok.pad_token_id, self.ref, self.rm, self.reward_worker, self.store)
-                for i in range(self.rl.workers.scorer)], None
-
-    def _start_workers(self, policy_path: str):
-        """(in-process rollout workers sharing the learner's policy object, or a Ray pool of them)."""
-        if self.rl.async_.max_staleness:  # the sampler process samples, with weights of its own
-            return [], None
-        if self.rl.workers.placement == "ray":
-            from hindsight.roles.placement import RayRolloutPool
-
-            pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, self.cfg.model.dtype, self.cfg.seed,
-                                  self.dir, self.init_path)
-            pool.publish(self.version, self.policy.state_dict())
-            return [], pool
-        workers = [RolloutWorker(f"local-{i}", self.policy, self.tok, self.rl, self.cfg.seed, self.store, self.init_path)
-                   for i in range(self.rl.workers.rollout)]
-        for worker in workers:
-            worker.load_weights(self.version)
-        return workers, None
 
     def close(self) -> None:
         self._close_sampler()
