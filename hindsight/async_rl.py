@@ -82,7 +82,7 @@ class AsyncRollouts:
             self.ledger.move(step, written, "sealed")
         info = self._rolled.pop(step)
         path = self.store.merge_parts("rollouts", step, info["groups"])
-        versions = [r["weights_version"] for r in self.store.read("rollouts", step)]
+        versions = self.store.column("rollouts", step, "weights_version")
         return path, {**info["metrics"], "time/rollout_wait_s": time.perf_counter() - t0,
                       "async/staleness": float(step - min(versions)),
                       "async/weights_version": float(min(versions))}

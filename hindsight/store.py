@@ -49,6 +49,13 @@ class RolloutStore:
     def read(self, component: str, step: int) -> list[dict]:
         return self._read(self.path(component, step))
 
+    def column(self, component: str, step: int, name: str) -> list:
+        """One column of a step's shard, without decoding the rest (token lists are the bulk)."""
+        path = self.path(component, step)
+        if path in self._cache:
+            return [r[name] for r in self._cache[path]]
+        return pq.read_table(path, columns=[name]).column(name).to_pylist()
+
     # --- parts: what a worker wrote for a group or a batch of groups, before the step's shard --
     def part_path(self, component: str, step: int, group: int) -> Path:
         return self._part_dir(component, step) / f"group-{group:05d}.parquet"

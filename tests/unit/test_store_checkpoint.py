@@ -92,3 +92,13 @@ def test_disk_full_mid_checkpoint_keeps_the_previous_version(tmp_path, monkeypat
     monkeypatch.delenv("HINDSIGHT_FAULT")
     ck.save(4, model, tok, opt)  # space is back: the same save now completes
     assert ck.latest_step() == 4
+
+
+def test_a_column_reads_the_same_values_as_the_rows(tmp_path):
+    from hindsight.store import RolloutStore
+
+    rows = [{"group": g, "weights_version": g % 3, "completion_ids": list(range(g))} for g in range(7)]
+    RolloutStore(tmp_path).write("rollouts", 4, rows)
+    fresh = RolloutStore(tmp_path)  # nothing cached: read from the file
+    assert fresh.column("rollouts", 4, "weights_version") == [r["weights_version"] for r in rows]
+    assert fresh.read("rollouts", 4) == rows
