@@ -21,7 +21,7 @@ from hindsight.fsutil import atomic_write_bytes
 COMPONENTS = ("rollouts", "scores", "advantages")
 _SHARD = re.compile(r"^step-(\d{6})\.parquet$")
 _BATCH = re.compile(r"^batch-(\d{5})-(\d{5})\.parquet$")
-_CACHED_FILES = 64
+_CACHED_FILES = 8  # a step's parts and shards: what its next phase reads back (rows as lists cost memory)
 
 
 class RolloutStore:
