@@ -34,6 +34,7 @@ from hindsight.reward_worker import RewardWorker
 from hindsight.ledger import Ledger
 from hindsight.roles import deal
 from hindsight.roles.rollout import GroupTask, batch_of, with_batch_mates
+from hindsight.roles.scorer import score_batch
 from hindsight.roles.start import RoleStarts
 from hindsight.scoring import load_reward_fn
 from hindsight.replay import pick_hard_examples, signal_groups
@@ -258,7 +259,7 @@ class RLRun(AsyncRollouts, RoleStarts):
         if self.scorer_pool is not None and todo:
             results = [self.scorer_pool.dispatch(step, todo, self.store)]
         else:
-            unit = lambda g: g // self.rl.rollout.groups_per_batch  # noqa: E731 (the scorers' model batches)
+            unit = partial(score_batch, groups_per_batch=self.rl.rollout.groups_per_batch)
             results = [s.score(step, share) for s, share in zip(self.scorers, deal(todo, len(self.scorers), unit)) if share]
         for failures in results:
             for name, n in failures.items():

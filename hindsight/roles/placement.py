@@ -22,7 +22,7 @@ from hindsight.ledger import Ledger
 from hindsight.roles import deal
 from hindsight.roles.learner import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend, share_of
 from hindsight.roles.rollout import GroupTask, RolloutWorker, batch_of, with_batch_mates
-from hindsight.roles.scorer import Scorer
+from hindsight.roles.scorer import Scorer, score_batch
 
 log = logging.getLogger("hindsight.workers")
 
@@ -216,7 +216,7 @@ class RayScorerPool(_Pool):
         todo = list(groups)
         while todo:
             calls, given = {}, {}
-            unit = lambda g: g // self.rl.rollout.groups_per_batch  # noqa: E731 (the scorers' model batches)
+            unit = partial(score_batch, groups_per_batch=self.rl.rollout.groups_per_batch)
             for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), unit)):
                 if share:
                     calls[self.actors[actor_id].score.remote(step, share)] = actor_id

@@ -20,6 +20,11 @@ from hindsight.scoring import score_completions
 from hindsight.store import RolloutStore
 
 
+def score_batch(group: int, groups_per_batch: int) -> int:
+    """The model batch a group is scored in (within a round): scorers are dealt whole batches."""
+    return group // groups_per_batch
+
+
 class Scorer:
     @classmethod
     def from_paths(cls, scorer_id: str, rl, init_path: str, rm_path: str | None, dtype: str,
@@ -61,7 +66,7 @@ class Scorer:
         (`rollout.groups_per_batch`), so a group's scores never depend on who scored it."""
         k, out = self.rl.rollout.groups_per_batch, {}
         for g in groups:
-            out.setdefault((by_group[g][0]["round"], g // k), []).append(g)
+            out.setdefault((by_group[g][0]["round"], score_batch(g, k)), []).append(g)
         return list(out.values())
 
     def _score_rows(self, step: int, part: list[dict], at: int, result, models, i: int) -> list[dict]:
