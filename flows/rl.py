@@ -82,7 +82,7 @@ RL = StageSpec(
     name="rl", sections=("rl", "model", "data", "eval", "seed", "name", "run_dir"),
     models=lambda cfg: {"rl.init": cfg.rl.init or model_uri(cfg, "sft"),
                         "reward_model": model_uri(cfg, "rm") if cfg.rl.needs_reward_model() else None},
-    data=("prompts", "eval"), rewards=lambda cfg: [r.fn for r in cfg.rl.rewards] + [cfg.eval.reward],
+    data=("prompts", "eval"), rewards=lambda cfg: list(cfg.rl.rewards) + [cfg.eval.reward],
     checks=_check_placement, registers="policy", story=rl_story)
 
 

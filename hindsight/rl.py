@@ -36,7 +36,7 @@ from hindsight.roles import deal
 from hindsight.roles.rollout import GroupTask, batch_of, with_batch_mates
 from hindsight.roles.scorer import score_batch
 from hindsight.roles.start import RoleStarts
-from hindsight.scoring import load_reward_fn
+from hindsight.scoring import check_reward
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
 
@@ -73,8 +73,8 @@ class RLRun(AsyncRollouts, RoleStarts):
                             "dynamic_sampling": self.rl.dynamic_sampling.model_dump(),
                             "replay": self.rl.replay.model_dump()}
         check_compatible(self.ckpt.manifest(), self.fingerprint, self.dir)
-        for spec in [f.fn for f in self.rl.rewards]:
-            load_reward_fn(spec)  # an unimportable reward fails now, before any sampling
+        for call in self.rl.rewards:
+            check_reward(call.fn, call.args)  # an unimportable reward, or one that cannot run here, fails now
         start = self.ckpt.latest_step()
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)

@@ -31,6 +31,19 @@ def load_reward_fn(spec: str):
     return fn
 
 
+def check_reward(spec: str, args: dict | None = None):
+    """Load a reward and run its own `preflight(**args)` if it has one: a reward that cannot
+    run here (the code reward without its sandbox) refuses before any model loads."""
+    fn = load_reward_fn(spec)
+    check = getattr(fn, "preflight", None)
+    if callable(check):
+        try:
+            check(**(args or {}))
+        except Exception as exc:
+            raise RewardError(f"reward {spec!r}: {exc}") from None
+    return fn
+
+
 def reward_name(spec: str) -> str:
     return spec.rpartition(":")[2]
 

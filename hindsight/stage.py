@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
-from hindsight.scoring import load_reward_fn
+from hindsight.scoring import check_reward
 
 
 def model_name(cfg: PipelineConfig, kind: str) -> str:
@@ -86,7 +86,7 @@ def preflight(spec: StageSpec, cfg: PipelineConfig) -> None:
         load_rows(getattr(d, name), required=DATA_COLUMNS[name], split=d.eval_split if eval_file else d.split,
                   columns=d.columns or None, limit=cfg.eval.limit if eval_file else None)
     for reward in spec.rewards(cfg):
-        load_reward_fn(reward)
+        check_reward(getattr(reward, "fn", reward), getattr(reward, "args", None))
     if spec.checks:
         spec.checks(cfg)
 
@@ -97,7 +97,7 @@ def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, dat
     return {"config": {s: str(cfg.root) if s == "run_dir" else dumped[s] for s in spec.sections},
             "models": model_versions, "data_md5": data_md5,
             "data_files": {n: _external_file_hash(cfg, getattr(cfg.data, n)) for n in spec.data},
-            "rewards": {r: reward_source_hash(r) for r in spec.rewards(cfg)},
+            "rewards": {r: reward_source_hash(r) for r in (getattr(x, "fn", x) for x in spec.rewards(cfg))},
             "state": spec.state(cfg) if spec.state else None}
 
 

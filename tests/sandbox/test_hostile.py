@@ -1,0 +1,143 @@
+"""None of the hostile programs escapes the sandbox, and none forges a pass.
+
+Each runs through the code reward (`code_tests`) exactly as RL scoring calls it. Besides its
+score, each test checks the host afterwards: the sentinel process lives, no file appeared,
+the project is unchanged, no socket got a byte, and no process of the sandbox's uids is left.
+"""
+import hashlib
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rewards.code import code_tests
+from rewards.sandbox import Limits, isolation_problem, run_python
+from tests.sandbox.hostile import ADD, PROGRAMS, TEST
+
+ROOT = Path(__file__).resolve().parents[2]
+UID_BASE = 61000
+
+
+def _tree_hash() -> str:
+    h = hashlib.sha256()
+    for p in sorted((ROOT / "rewards").glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _sandbox_processes() -> list[int]:
+    """Live host pids running as one of the sandbox's uids. Zombies are dead already: bwrap's
+    namespace init is reparented to the host's pid 1 as it exits, which reaps it a moment later."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                uid = os.stat(f"/proc/{entry}").st_uid
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if UID_BASE <= uid < UID_BASE + 4096 and state != "Z":
+                out.append(int(entry))
+    return out
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """Things on the host a program tries to reach: a sentinel process, a unix and a TCP server."""
+    assert isolation_problem() is None, isolation_problem()
+    tmp = tmp_path_factory.mktemp("host")
+    sentinel = subprocess.Popen(["sleep", "600"])
+    received = []
+    unix_path = str(tmp / "host.sock")
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(unix_path)
+    os.chmod(unix_path, 0o777)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    for server in (unix, tcp):
+        server.listen(8)
+        threading.Thread(target=_serve, args=(server, received), daemon=True).start()
+    yield {"sentinel": sentinel, "received": received, "UNIX_SOCKET": unix_path, "TCP_PORT": tcp.getsockname()[1]}
+    sentinel.kill()
+    unix.close()
+    tcp.close()
+
+
+def _serve(server, received):
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        received.append(conn.recv(100))
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_hostile_program(name, host, monkeypatch):
+    program, tests, expected = PROGRAMS[name]
+    mark = f"hindsight-escape-{uuid.uuid4().hex[:8]}"
+    program = (program.replace("{ROOT}", str(ROOT)).replace("{SENTINEL_PID}", str(host["sentinel"].pid))
+               .replace("{UNIX_SOCKET}", host["UNIX_SOCKET"]).replace("{TCP_PORT}", str(host["TCP_PORT"]))
+               .replace("{MARK}", mark))
+    monkeypatch.setenv("HINDSIGHT_TEST_SECRET", "hunter2")
+    before = _tree_hash()
+
+    score = code_tests([f"```python\n{program}\n```"], [tests], timeout_s=5, cpu_s=3, memory_mb=256, processes=16,
+                       output_bytes=1 << 20)
+
+    assert score == [expected]
+    assert host["sentinel"].poll() is None, "a host process was killed"
+    assert _tree_hash() == before, "the project's source changed"
+    assert not any(mark.encode() in r for r in host["received"]), "a host socket received data"
+    assert not list(Path("/tmp").glob(f"{mark}*")) and not Path(f"/usr/{mark}").exists()
+    assert _sandbox_processes() == [], "a process of the sandbox outlived its run"
+
+
+def test_there_are_at_least_twenty_hostile_programs():
+    attacks = [n for n in PROGRAMS if not n.startswith("control-")]
+    assert len(attacks) >= 20, attacks
+
+
+def test_the_timeout_is_per_completion_so_a_sleeper_does_not_zero_its_batch():
+    sleeper = "```python\nimport time\ntime.sleep(120)\n" + ADD + "```"
+    correct = f"```python\n{ADD}```"
+    scores = code_tests([sleeper, correct, correct, correct], [TEST] * 4, timeout_s=2, parallel=2)
+    assert scores == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_an_output_flood_is_cut_at_the_cap_and_reported():
+    res = run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", Limits(output_bytes=1 << 16))
+    assert res.output_truncated and len(res.stdout) <= 1 << 16
+
+
+def test_a_killed_reward_worker_leaves_no_sandbox_behind(tmp_path):
+    """The worker (the sandbox's parent) dies mid-run: bubblewrap's die-with-parent takes the tree."""
+    script = ("from rewards.sandbox import run_python, Limits\n"
+              "run_python('import os, time\\nos.fork(); os.fork()\\ntime.sleep(120)', Limits(timeout_s=120))\n")
+    worker = subprocess.Popen([os.environ.get("PYTHON", "python"), "-c", script], cwd=ROOT)
+    for _ in range(100):
+        if len(_sandbox_processes()) >= 4:
+            break
+        time.sleep(0.1)
+    assert len(_sandbox_processes()) >= 4, "the sandbox did not start"
+    worker.kill()
+    worker.wait()
+    for _ in range(50):
+        if not _sandbox_processes():
+            break
+        time.sleep(0.1)
+    assert _sandbox_processes() == []
+
+
+def test_the_sandbox_runs_as_an_unprivileged_uid_outside_the_namespace_too():
+    res = run_python("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n")
+    uid, gid, groups = res.stdout.split(" ", 2)
+    if os.geteuid() == 0:
+        assert int(uid) >= UID_BASE and int(gid) >= UID_BASE and groups.strip() == "[]"
+    else:
+        assert int(uid) == os.geteuid()
