@@ -25,8 +25,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
     try:
         run = get_run(key)
         tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
-        if run.start_step:
-            tracking.set_tags(cfg, run_id, {"hindsight.resumed_from_step": run.start_step})
+        _announce_resume(cfg, run_id, run)
         _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
         _steps(cfg, key, run_id, run.start_step)
         final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
@@ -62,6 +61,22 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
             _watch(cfg, key, run_id, done, metrics)
     finally:
         progress.close()
+
+
+def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
+    """Say where a resume starts, and record every setting it changed, at the step it changed."""
+    start = run.start_step
+    reused = [s for s in run.store.steps("rollouts") if s >= start]
+    if start or reused:
+        print(f"resuming rl from step {start} ({len(reused)} stored shards reused)")
+        tracking.set_tags(cfg, run_id, {"hindsight.resumed_from_step": start})
+    changes = run.resume_changes.by_section
+    if changes:
+        tracking.set_tags(cfg, run_id, {f"hindsight.changed.{section}.{key}": f"{old!r} -> {new!r} at step {start}"
+                                        for section, diff in changes.items() for key, (old, new) in diff.items()})
+        tracking.log_metrics(cfg, run_id, {f"config/{key}": float(new) for diff in changes.values()
+                                           for key, (_, new) in diff.items()
+                                           if isinstance(new, (int, float)) and not isinstance(new, bool)}, start)
 
 
 def _check_placement(cfg: PipelineConfig) -> None:

@@ -34,7 +34,7 @@ def tokenizer_for(rl_dir: Path):
     step = manifest.get("step")
     if step:
         return load_tokenizer(str(rl_dir / "checkpoints" / "policy" / f"step-{step:06d}"))
-    init = (manifest.get("fingerprint") or {}).get("init")
+    init = (read_json(rl_dir / "fingerprint.json", default={}) or {}).get("sampling", {}).get("init")
     if not init:
         raise CheckpointError(f"{rl_dir}: no checkpoint yet, so no tokenizer to decode the stored tokens with")
     return load_tokenizer(init)

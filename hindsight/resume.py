@@ -1,25 +1,56 @@
-"""Resuming an RL run: refuse state stored under other settings, move it aside on request,
-and recompute what a resume must honour (the alerts' learning-rate cuts)."""
+"""Resuming an RL run: check the stored fingerprint, re-score after a scoring change, move
+old state aside on request, and recompute what a resume must honour (the alerts' lr cuts)."""
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
 from pathlib import Path
 
-from hindsight.errors import CheckpointError
+from hindsight.fingerprint import Changes, check_resume, compare
+from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.history import read_rows
 
+log = logging.getLogger("hindsight.resume")
 
-def check_compatible(manifest: dict, fingerprint: dict, run_dir: Path) -> None:
-    """Refuse to resume state produced under settings that change what was stored."""
-    stored = manifest.get("fingerprint")
-    if not stored:
-        return
-    # keys added by a later hindsight version are absent from older state: those ran with the default
-    diff = sorted(k for k in stored if stored.get(k) != fingerprint.get(k))
-    if diff:
-        detail = ", ".join(f"{k}: stored {stored.get(k)!r}, config {fingerprint.get(k)!r}" for k in diff)
-        raise CheckpointError(f"{run_dir}: cannot resume, the stored state is incompatible ({detail}); "
-                              f"rerun with --force-new-run to move it aside and start over")
+
+def prepare_resume(rl_dir: Path, fingerprint: dict, start: int, steps: int) -> Changes:
+    """Compare the config's fingerprint with the stored one, before anything is loaded or sampled.
+    Refuses sampling and algorithm changes; a scoring change moves the score shards of the steps
+    still to train aside (they are scored again); a training change is logged. Then the config's
+    fingerprint is what is stored: it is on disk before the run's first shard."""
+    path = rl_dir / "fingerprint.json"
+    stored = read_json(path, default=None)
+    changes = compare(stored, fingerprint) if stored else Changes()
+    check_resume(changes, rl_dir, start, steps)
+    if changes.keys("scoring"):
+        moved = _set_scores_aside(rl_dir, start)
+        log.warning("rl: scoring settings changed (%s): %d stored score shard(s) from step %d on moved to %s and "
+                    "scored again", changes.describe("scoring"), moved, start, rl_dir / "rescored")
+    if changes.by_section:
+        append_line(rl_dir / "resume-changes.jsonl", json.dumps(
+            {"step": start, "time": time.time(), "changes": {s: {k: list(v) for k, v in d.items()}
+                                                             for s, d in changes.by_section.items()}}, default=str))
+    if changes.by_section or stored is None:
+        atomic_write_json(path, fingerprint)
+    return changes
+
+
+def _set_scores_aside(rl_dir: Path, start: int) -> int:
+    """Score shards and parts of steps >= start go under rl/rescored/<time>/ (kept, never deleted)."""
+    target = rl_dir / "rescored" / time.strftime("%Y%m%d-%H%M%S")
+    moved = 0
+    for shard in sorted((rl_dir / "scores").glob("step-*.parquet")):
+        if int(shard.stem.split("-")[1]) >= start:
+            (target / "scores").mkdir(parents=True, exist_ok=True)
+            os.replace(shard, target / "scores" / shard.name)
+            moved += 1
+    parts = rl_dir / "parts" / "scores"
+    if parts.exists():
+        target.mkdir(parents=True, exist_ok=True)
+        os.replace(parts, target / "parts")
+    return moved
 
 
 def archive_run_dir(run_dir: Path) -> Path | None:

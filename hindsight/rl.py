@@ -26,7 +26,8 @@ from hindsight.faults import crash_point
 from hindsight.experience import Experience, advantage_rows, experience_from_rows
 from hindsight.fsutil import append_line, atomic_write_json
 from hindsight.history import MetricsLog, truncate_rows_after
-from hindsight.resume import check_compatible, lr_multiplier
+from hindsight.fingerprint import run_fingerprint
+from hindsight.resume import lr_multiplier, prepare_resume
 from hindsight.learner import learner_settings, update
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
@@ -37,6 +38,7 @@ from hindsight.roles.rollout import GroupTask, batch_of, with_batch_mates
 from hindsight.roles.scorer import score_batch
 from hindsight.roles.start import RoleStarts
 from hindsight.scoring import check_reward
+from hindsight.stage import reward_source_hash
 from hindsight.replay import pick_hard_examples, signal_groups
 from hindsight.store import RolloutStore
 
@@ -67,15 +69,11 @@ class RLRun(AsyncRollouts, RoleStarts):
         self.rows = load_rows(cfg.data.prompts, required=("prompt",), split=cfg.data.split,
                               columns=cfg.data.columns or None)
         self.tok = load_tokenizer(init_path)
-        self.fingerprint = {"init": init_path, "algorithm": self.rl.algorithm, "seed": cfg.seed,
-                            "samples_per_prompt": self.rl.samples_per_prompt,
-                            "prompts_per_step": self.rl.prompts_per_step, "prompts": cfg.data.prompts,
-                            "dynamic_sampling": self.rl.dynamic_sampling.model_dump(),
-                            "replay": self.rl.replay.model_dump()}
-        check_compatible(self.ckpt.manifest(), self.fingerprint, self.dir)
         for call in self.rl.rewards:
             check_reward(call.fn, call.args)  # an unimportable reward, or one that cannot run here, fails now
         start = self.ckpt.latest_step()
+        self.fingerprint = run_fingerprint(cfg, init_path, rm_path, reward_source_hash)
+        self.resume_changes = prepare_resume(self.dir, self.fingerprint, start or 0, self.rl.steps)
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
         self.policy = load_causal_lm(policy_path, cfg.model.dtype)
         if self.rl.disable_dropout:
