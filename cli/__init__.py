@@ -72,19 +72,22 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
     _env()
 
     def go():
+        from hindsight.runlock import run_lock
+
         cfg = load_config(config, sets or [])
-        if force_new_run:
-            from hindsight.resume import archive_run_dir
+        with run_lock(cfg.root):  # held from before --force-new-run moves anything to the last stage
+            if force_new_run:
+                from hindsight.resume import archive_run_dir
 
-            moved = archive_run_dir(cfg.root / "rl")
-            if moved:
-                typer.echo(f"moved previous RL state to {moved}")
-        from flows import registry
+                moved = archive_run_dir(cfg.root / "rl")
+                if moved:
+                    typer.echo(f"moved previous RL state to {moved}")
+            from flows import registry
 
-        if not debug:
-            _quiet_user_errors()
-        extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
-        result = registry.FLOWS[stage](cfg, force=force, **extra)
+            if not debug:
+                _quiet_user_errors()
+            extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
+            result = registry.FLOWS[stage](cfg, force=force, **extra)
         rows = [r.row() for r in (result if isinstance(result, list) else [result])]
         _print_summary(rows)
         if result_json:

@@ -9,6 +9,7 @@ from pathlib import Path
 from hindsight.config import PipelineConfig
 from hindsight.data import DEMO_FILES, build_demo_data, dvc_dir_md5, pinned_md5
 from hindsight.errors import DataError, HindsightError, StageError
+from hindsight.runlock import run_lock
 from hindsight.stage import StageResult, StageSpec, preflight
 from tasks.cache import declared_key
 from tasks.stages import stage_task
@@ -18,13 +19,14 @@ log = logging.getLogger("hindsight")
 
 
 def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_id: str | None) -> StageResult:
-    data_md5 = ensure_data(cfg)
-    preflight(spec, cfg)
-    paths, versions = {}, {}
-    for role, uri in spec.models(cfg).items():
-        paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)
-    key = declared_key(spec, cfg, versions, data_md5)
-    return run_stage(spec, cfg, force)(spec, cfg, paths, data_md5, key, parent_run_id)
+    with run_lock(cfg.root):  # a deployed flow holds it too, not only the CLI
+        data_md5 = ensure_data(cfg)
+        preflight(spec, cfg)
+        paths, versions = {}, {}
+        for role, uri in spec.models(cfg).items():
+            paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)
+        key = declared_key(spec, cfg, versions, data_md5)
+        return run_stage(spec, cfg, force)(spec, cfg, paths, data_md5, key, parent_run_id)
 
 
 def ensure_data(cfg: PipelineConfig) -> str:

@@ -9,11 +9,19 @@ Layout under a run's `checkpoints/`:
 
 Components are written first, the manifest last, so a crash between the two leaves the
 previous manifest pointing at the previous complete version.
+
+The manifest records the sha256 of every file of every kept version (`versions`).
+`intact_step` verifies the newest version against them before a resume loads it; a corrupt
+version is moved under `corrupt/` and the newest intact one is used instead.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -21,6 +29,17 @@ import torch
 from hindsight.errors import CheckpointError
 from hindsight.faults import crash_point
 from hindsight.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, read_json
+
+log = logging.getLogger("hindsight.checkpoint")
+_COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class CheckpointManager:
@@ -63,9 +82,60 @@ class CheckpointManager:
             components.update(critic=step, critic_optimizer=step)
         crash_point("checkpoint", step)  # components written, manifest not yet: the torn case
         manifest = {**self.manifest(), **(extra or {}), "step": step, **components}
+        versions = {**manifest.get("versions", {}), str(step): self._checksums(step)}
+        keep = sorted(versions, key=int)[-self.keep_last:]
+        manifest["versions"] = {v: versions[v] for v in keep}
         atomic_write_json(self.manifest_path, manifest)
         self._retain(step)
         return policy
+
+    def _files(self, step: int) -> list[Path]:
+        """Every file of a version: its HF folders' files and its tensor files."""
+        out = []
+        for folder in (self.policy_dir(step), self.critic_dir(step)):
+            if folder.is_dir():
+                out += sorted(p for p in folder.rglob("*") if p.is_file())
+        out += [p for c in ("optimizer", "rng", "critic_optimizer") if (p := self.root / c / f"step-{step:06d}.pt").exists()]
+        return out
+
+    def _checksums(self, step: int) -> dict[str, str]:
+        return {str(p.relative_to(self.root)): _sha256(p) for p in self._files(step)}
+
+    def intact_step(self) -> int | None:
+        """The newest version whose files all match their recorded sha256. Corrupt newer versions
+        are moved under `corrupt/` and the manifest falls back; none intact is an error."""
+        manifest = self.manifest()
+        versions = manifest.get("versions")
+        if not versions:
+            return manifest.get("step")  # written before checksums were recorded
+        problems = []
+        for step in sorted(map(int, versions), reverse=True):
+            bad = [rel for rel, want in versions[str(step)].items()
+                   if not (self.root / rel).is_file() or _sha256(self.root / rel) != want]
+            if not bad:
+                if step != manifest.get("step"):
+                    self._fall_back(manifest, step, problems)
+                return step
+            problems.append((step, bad))
+        detail = "; ".join(f"step {s}: {', '.join(b)}" for s, b in problems)
+        raise CheckpointError(f"{self.root}: no intact checkpoint version ({detail} fail their sha256); rerun with "
+                              f"--force-new-run to move the run aside and start over")
+
+    def _fall_back(self, manifest: dict, step: int, problems: list) -> None:
+        corrupt = self.root / "corrupt" / time.strftime("%Y%m%d-%H%M%S")
+        for bad_step, _ in problems:
+            for path in self._files(bad_step):
+                target = corrupt / path.relative_to(self.root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+            for folder in (self.policy_dir(bad_step), self.critic_dir(bad_step)):
+                shutil.rmtree(folder, ignore_errors=True)  # emptied above
+        versions = {v: c for v, c in manifest["versions"].items() if int(v) <= step}
+        atomic_write_json(self.manifest_path, {**manifest, "step": step, "versions": versions,
+                                               **{c: step for c in _COMPONENTS if c in manifest}})
+        for bad_step, bad in problems:
+            log.warning("checkpoint step %d is corrupt (%s fail their sha256): moved to %s; resuming from step %d, "
+                        "the newest intact version", bad_step, ", ".join(bad), corrupt, step)
 
     def restore_rng(self, step: int) -> None:
         """Put the process's torch and python RNG back where they were at `step`."""

@@ -95,6 +95,10 @@ class Ledger:
             self.move(step, groups, "pending")
         return sorted(groups)
 
+    def forget(self, step: int) -> None:
+        """A step whose rollout shard was corrupt is sampled again: its groups start over as pending."""
+        self.path(step).unlink(missing_ok=True)
+
     def steps(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.root.glob("step-*.json")) if self.root.exists() else []
 

@@ -8,10 +8,8 @@ generated before the crash instead of sampling them again.
 from __future__ import annotations
 
 import json
-import math
-import random
 import time
-from functools import lru_cache, partial
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -39,27 +37,12 @@ from hindsight.roles.scorer import score_batch
 from hindsight.roles.start import RoleStarts
 from hindsight.scoring import check_reward
 from hindsight.stage import reward_source_hash
-from hindsight.replay import pick_hard_examples, signal_groups
+from hindsight.prompts import PromptSelection, prompt_indices  # noqa: F401  (prompt_indices: the public name)
+from hindsight.replay import signal_groups
 from hindsight.store import RolloutStore
 
 
-def prompt_indices(n_rows: int, per_step: int, step: int, seed: int) -> list[int]:
-    """The data cursor is the step: a fresh permutation per epoch, so resume needs no state."""
-    out = []
-    for k in range(step * per_step, (step + 1) * per_step):
-        epoch, pos = divmod(k, n_rows)
-        out.append(_epoch_order(n_rows, str(seed), epoch)[pos])
-    return out
-
-
-@lru_cache(maxsize=8)
-def _epoch_order(n_rows: int, seed: str, epoch: int) -> tuple[int, ...]:
-    order = list(range(n_rows))
-    random.Random(f"{seed}-{epoch}").shuffle(order)
-    return tuple(order)
-
-
-class RLRun(AsyncRollouts, RoleStarts):
+class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
         self.dir = cfg.root / "rl"
@@ -71,7 +54,7 @@ class RLRun(AsyncRollouts, RoleStarts):
         self.tok = load_tokenizer(init_path)
         for call in self.rl.rewards:
             check_reward(call.fn, call.args)  # an unimportable reward, or one that cannot run here, fails now
-        start = self.ckpt.latest_step()
+        start = self.ckpt.intact_step()  # a corrupt newest version falls back to the newest intact one
         self.fingerprint = run_fingerprint(cfg, init_path, rm_path, reward_source_hash)
         self.resume_changes = prepare_resume(self.dir, self.fingerprint, start or 0, self.rl.steps)
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
@@ -102,6 +85,7 @@ class RLRun(AsyncRollouts, RoleStarts):
 
         self.worker_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._failures: dict[int, dict[str, int]] = {}  # reward failures per step, until `score` logs them
+        self._regenerated: dict[int, int] = {}  # corrupt shards generated again, per step
         self.scorers, self.scorer_pool = self._start_scorers(rm_path)
         self._start_sampler(policy_path, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
         self.history = MetricsLog(self.dir / "metrics.jsonl")
@@ -134,7 +118,7 @@ class RLRun(AsyncRollouts, RoleStarts):
         prompts (DAPO) until `prompts_per_step` groups carry a signal or `max_rounds` is reached."""
         if step in self._ahead:  # waited for before a checkpoint
             return self._ahead.pop(step)
-        if self.store.has("rollouts", step):
+        if self._stored("rollouts", step):
             return self.store.path("rollouts", step), {"rollout/reused": 1.0}
         if self.sampler is not None:
             return self._async_rollout(step)
@@ -198,46 +182,17 @@ class RLRun(AsyncRollouts, RoleStarts):
         kept, _ = signal_groups(rewards, self.rl.samples_per_prompt, len(rows))
         return len(kept)
 
-    def round_prompts(self, step: int, round_: int) -> list[dict]:
-        """Fresh prompts for a further dynamic-sampling round: a cursor of its own per round."""
-        n = math.ceil(self.rl.prompts_per_step * self.rl.dynamic_sampling.oversample)
-        idx = prompt_indices(len(self.rows), n, step, f"{self.cfg.seed}-round{round_}")
-        return [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
-
-    def select_prompts(self, step: int) -> tuple[list[dict], dict]:
-        """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
-        `replay.ratio` share swapped for hard examples picked from earlier stored shards."""
-        n = self.rl.prompts_per_step
-        if self.rl.dynamic_sampling.enabled:
-            n = math.ceil(n * self.rl.dynamic_sampling.oversample)
-        idx = prompt_indices(len(self.rows), n, step, self.cfg.seed)
-        batch = [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
-        n_replay = round(self.rl.replay.ratio * self.rl.prompts_per_step)
-        if not n_replay:
-            return batch, {}
-        # steps whose scores exist by the time this one is sampled, whatever the timing: with
-        # staleness k, step s is sampled once step s - k - 1 is trained
-        last = step - self.rl.async_.max_staleness
-        past = [s for s in self.store.steps("scores") if last - self.rl.replay.window <= s < last]
-        shards = [(self.store.read("rollouts", s), self.store.read("scores", s)) for s in past]
-        keep = batch[: len(batch) - n_replay]
-        hard = pick_hard_examples(shards, n_replay, self.rl.replay.priority, {b["id"] for b in keep})
-        # replayed groups first: dynamic sampling trains the first groups with a signal, and a
-        # replayed prompt at the tail of an oversampled batch would never be trained
-        batch = [{**h, "_replayed": True} for h in hard] + keep + batch[len(keep) + len(hard):]
-        return batch, {"replay/count": float(len(hard)), "replay/ratio": len(hard) / len(batch),
-                       "replay/ids": [h["id"] for h in hard]}
-
     # --- score --------------------------------------------------------------------------
     def score(self, step: int) -> tuple[Path, dict]:
         """Score the step's groups (scorers write a part per group), then the step's shard."""
-        if self.store.has("scores", step):
+        if self._stored("scores", step):
             self._mark(step, "sealed", "scored")  # the shard may have landed just before a crash
             return self.store.path("scores", step), {}
         t0 = time.perf_counter()
         groups = sorted({r["group"] for r in self.store.read("rollouts", step)})
         self._score_groups(step, groups)
         metrics = {f"reward/failures/{k}": float(v) for k, v in self._failures.pop(step, {}).items()}
+        metrics["store/regenerated_shards"] = float(self._regenerated.pop(step, 0))
         metrics["time/score_s"] = time.perf_counter() - t0
         if self.scorers:  # in this process: how much of it was the rewards and models themselves
             metrics["time/compute/score_s"] = sum(s.compute_s for s in self.scorers)
@@ -262,6 +217,19 @@ class RLRun(AsyncRollouts, RoleStarts):
         for failures in results:
             for name, n in failures.items():
                 counts[name] = counts.get(name, 0) + n
+
+    def _stored(self, component: str, step: int) -> bool:
+        """The step's shard is stored and intact. A corrupt one was moved aside by the store and
+        is generated again from its seed (what was scored from corrupt rollouts is scored again)."""
+        if not self.store.has(component, step):
+            return False
+        if self.store.check(component, step):
+            return True
+        self._regenerated[step] = self._regenerated.get(step, 0) + 1
+        if component == "rollouts":
+            self.store.set_aside("scores", step)
+            self.ledger.forget(step)
+        return False
 
     def _mark(self, step: int, state: str, to: str, groups: list[int] | None = None) -> None:
         """Move the step's groups in `state` (or just `groups` among them) to `to` in the ledger."""

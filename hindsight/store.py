@@ -5,23 +5,42 @@ Components are written separately because they are produced by separate stages:
 (per-function rewards, the total, and reference log-probs), `advantages` by the learner
 (what each trained completion was pushed by, for reports). A shard is complete once its
 final name exists: it is written under a temporary name and renamed.
+
+Integrity: every file carries Parquet's page CRCs, checked on every read, and each step's
+shard has a `.sha256` sidecar, written before the shard itself (so a shard never exists
+without one). `check` verifies a shard against it; a corrupt shard is moved under
+`corrupt/` (kept, never deleted) and the caller generates it again from its seed.
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hindsight.errors import StorageError
 from hindsight.fsutil import atomic_write_bytes
+
+log = logging.getLogger("hindsight.store")
 
 COMPONENTS = ("rollouts", "scores", "advantages")
 _SHARD = re.compile(r"^step-(\d{6})\.parquet$")
 _BATCH = re.compile(r"^batch-(\d{5})-(\d{5})\.parquet$")
 _CACHED_FILES = 8  # a step's parts and shards: what its next phase reads back (rows as lists cost memory)
+
+
+class CorruptShard(StorageError):
+    """A stored file fails its checksum or cannot be decoded."""
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
 
 
 class RolloutStore:
@@ -44,7 +63,37 @@ class RolloutStore:
         return sorted(int(m.group(1)) for m in found if m)
 
     def write(self, component: str, step: int, rows: list[dict]) -> Path:
-        return self._write(self.path(component, step), rows)
+        return self._write(self.path(component, step), rows, checksum=True)
+
+    def check(self, component: str, step: int) -> bool:
+        """True when the step's shard is stored and intact. A corrupt one is moved aside (and
+        False returned), so the caller generates it again."""
+        path = self.path(component, step)
+        if not path.exists():
+            return False
+        if path in self._cache:
+            return True  # this process wrote it
+        try:
+            self._remember(path, self._read(path))
+            return True
+        except CorruptShard as exc:
+            self.set_aside(component, step, str(exc))
+            return False
+
+    def set_aside(self, component: str, step: int, why: str = "") -> Path | None:
+        """Move a step's shard (and its sidecar) under `corrupt/`, timestamped: kept, not deleted."""
+        path = self.path(component, step)
+        if not path.exists():
+            return None
+        target = self.root / "corrupt" / component / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        if _sidecar(path).exists():
+            os.replace(_sidecar(path), target.with_name(target.name + ".sha256"))
+        self._cache.pop(path, None)
+        if why:
+            log.warning("%s; moved to %s, it is generated again from its seed", why, target)
+        return target
 
     def read(self, component: str, step: int) -> list[dict]:
         return self._read(self.path(component, step))
@@ -54,7 +103,7 @@ class RolloutStore:
         path = self.path(component, step)
         if path in self._cache:
             return [r[name] for r in self._cache[path]]
-        return pq.read_table(path, columns=[name]).column(name).to_pylist()
+        return self._table(path, columns=[name]).column(name).to_pylist()
 
     # --- parts: what a worker wrote for a group or a batch of groups, before the step's shard --
     def part_path(self, component: str, step: int, group: int) -> Path:
@@ -117,6 +166,9 @@ class RolloutStore:
         whole = [p for p, (a, b) in batches.items() if list(range(a, b + 1)) == groups]
         if whole and len(list(folder.iterdir())) == 1:
             path.parent.mkdir(parents=True, exist_ok=True)
+            data = whole[0].read_bytes()
+            self._table_from(whole[0], data)  # a part is checked before it becomes the shard
+            atomic_write_bytes(_sidecar(path), hashlib.sha256(data).hexdigest().encode())
             os.replace(whole[0], path)  # already fsynced when it was written
             if whole[0] in self._cache:
                 self._remember(path, self._cache.pop(whole[0]))
@@ -130,16 +182,36 @@ class RolloutStore:
         return path
 
     # --- files, with what this process wrote kept in memory for its next read ---------------
-    def _write(self, path: Path, rows: list[dict]) -> Path:
+    def _write(self, path: Path, rows: list[dict], checksum: bool = False) -> Path:
         buf = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd")
-        atomic_write_bytes(path, buf.getvalue())
+        pq.write_table(pa.Table.from_pylist(rows), buf, compression="zstd", write_page_checksum=True)
+        data = buf.getvalue()
+        if checksum:  # the sidecar first: a crash between the two leaves no unverifiable shard
+            atomic_write_bytes(_sidecar(path), hashlib.sha256(data).hexdigest().encode())
+        atomic_write_bytes(path, data)
         self._remember(path, rows)
         return path
 
     def _read(self, path: Path) -> list[dict]:
         cached = self._cache.get(path)
-        return [dict(r) for r in cached] if cached is not None else pq.read_table(path).to_pylist()
+        return [dict(r) for r in cached] if cached is not None else self._table(path).to_pylist()
+
+    def _table(self, path: Path, columns: list[str] | None = None) -> pa.Table:
+        return self._table_from(path, path.read_bytes(), columns)
+
+    @staticmethod
+    def _table_from(path: Path, data: bytes, columns: list[str] | None = None) -> pa.Table:
+        """Decode a file's bytes, after its sidecar's sha256 if it has one; page CRCs always."""
+        sidecar = _sidecar(path)
+        if sidecar.exists():
+            want, got = sidecar.read_text().strip(), hashlib.sha256(data).hexdigest()
+            if want != got:
+                raise CorruptShard(f"{path}: sha256 {got[:12]}… does not match the {want[:12]}… recorded when it "
+                                   f"was written (corrupt)")
+        try:
+            return pq.read_table(pa.BufferReader(data), columns=columns, page_checksum_verification=True)
+        except (OSError, pa.ArrowException) as exc:
+            raise CorruptShard(f"{path}: corrupt or truncated Parquet ({str(exc).splitlines()[0][:200]})") from None
 
     def _remember(self, path: Path, rows: list[dict]) -> None:
         """Keep the newest few files' rows: the next phase of the same step reads them back."""

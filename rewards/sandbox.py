@@ -221,6 +221,7 @@ def _kill(proc: subprocess.Popen, init_pid: int | None, ended: bool) -> None:
     if ended:
         try:
             proc.wait(timeout=2)  # everything closed its pipes: bwrap is about to exit by itself
+            _await_exit(init_pid)
             return
         except subprocess.TimeoutExpired:
             pass
@@ -235,6 +236,31 @@ def _kill(proc: subprocess.Popen, init_pid: int | None, ended: bool) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    _await_exit(init_pid)
+
+
+def _await_exit(pid: int | None, grace_s: float = 1.0) -> None:
+    """bwrap can exit while its namespace init is still tearing down (a full tmpfs takes a
+    moment): return only once that init is gone, killing it after a grace period."""
+    if pid is None:
+        return
+    deadline, killed = time.monotonic() + grace_s, False
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return
+        if state == "Z":
+            return
+        if time.monotonic() > deadline:
+            if killed:
+                return  # stuck in the kernel; it holds no pipe of ours, and the kill is queued
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                return
+            deadline, killed = time.monotonic() + 5 * grace_s, True
+        time.sleep(0.005)
 
 
 def _answers(raw: bytes) -> list[dict]:
