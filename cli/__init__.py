@@ -239,6 +239,35 @@ def scale(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME
     _guard(go, debug)
 
 
+@app.command("sync")
+def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME) whose MLflow writes were spooled"),
+         debug: bool = DebugOpt):
+    """Send what a run spooled while the MLflow server was unreachable (metrics, tags, params,
+    artifacts, its final status), and complete a registration that could not happen."""
+    def go():
+        from hindsight.errors import ConfigError
+        from hindsight.runlock import run_lock
+        from tasks.spool import Spool
+        from tasks.tracking import sync_spool
+
+        spool = Spool(run_dir)
+        if not run_dir.is_dir():
+            raise ConfigError(f"{run_dir}: no such run directory")
+        pending = spool.pending()
+        if not pending:
+            typer.echo(f"{run_dir}: nothing spooled, MLflow has everything")
+            return
+        with run_lock(run_dir):
+            sent = sync_spool(run_dir)
+        registered = [f"{op['model_name']} v{spool.registered_version(op['run_id'])}" for op in pending
+                      if op["op"] == "register"]
+        typer.echo(f"{run_dir}: sent {sent} spooled tracking write(s) to {pending[0]['uri']}"
+                   + (f"; registered {', '.join(registered)}" if registered else ""))
+
+    _env()
+    _guard(go, debug)
+
+
 @data_app.command("build")
 def data_build(out: Path = typer.Option(Path("data"), "--out", help="output folder"),
                seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc"),

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from hindsight.config import PipelineConfig
 from hindsight.data import DEMO_FILES, build_demo_data, dvc_dir_md5, pinned_md5
-from hindsight.errors import DataError, HindsightError, StageError
+from hindsight.errors import DataError, HindsightError, StageError, TrackingError
 from hindsight.runlock import run_lock
 from hindsight.stage import StageResult, StageSpec, preflight
 from tasks.cache import declared_key
 from tasks.stages import stage_task
-from tasks.tracking import resolve_model
+from tasks.spool import Spool
+from tasks.tracking import SPOOLED, resolve_model
 
 log = logging.getLogger("hindsight")
 
@@ -70,9 +71,24 @@ def run_stage(spec: StageSpec, cfg: PipelineConfig, force: bool):
                 f"stage {spec.name} failed after {cfg.retries.count + 1} attempt(s): {type(exc).__name__}: {exc}. "
                 f"Its state under {cfg.root} is kept; rerun the same command to resume (--debug for the traceback)"
             ) from exc
-        return replace(result, cached=state.name == "Cached")
+        return replace(_registered(result, cfg), cached=state.name == "Cached")
 
     return call
+
+
+def _registered(result: StageResult, cfg: PipelineConfig) -> StageResult:
+    """A stage whose registration waited in the spool (MLflow was down) goes on only once
+    `hindsight sync` has registered it: the next stage must not load an older version."""
+    if result.version != SPOOLED:
+        return result
+    spool = Spool(cfg.root)
+    version = spool.registered_version(result.run_id)
+    if version is None:
+        raise TrackingError(f"stage {result.stage}: trained and saved under {cfg.root}, but the MLflow server was "
+                            f"unreachable, so its registration and {len(spool.pending())} other tracking writes wait "
+                            f"in {spool.ops}; once the server is back, run `hindsight sync {cfg.root}`, then rerun "
+                            f"this command (the stage is cached)")
+    return replace(result, version=version)
 
 
 def transient(task, task_run, state) -> bool:

@@ -31,3 +31,7 @@ class StageError(HindsightError):
 
 class AlertStop(HindsightError):
     """An alert rule with `action: stop` fired; a resumable checkpoint was written first."""
+
+
+class TrackingError(HindsightError):
+    """The MLflow tracking server could not be reached; what it did not get is spooled."""

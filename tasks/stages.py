@@ -29,7 +29,7 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
         name = model_name(cfg, spec.registers)
         version = tracking.register(cfg, run_id, out.model_dir, name)
-        if out.then is not None:
+        if out.then is not None and version != tracking.SPOOLED:  # `then` reads the registry
             out.then(run_id)
         tracking.end_run(cfg, run_id)
     return StageResult(stage=spec.name, model=name, version=version, run_id=run_id, eval_accuracy=out.eval_accuracy,

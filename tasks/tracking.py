@@ -1,10 +1,12 @@
 """MLflow through an explicit client and run ids.
 
 Explicit ids (not mlflow's thread-local active run) keep nested stage runs correct when
-Prefect runs tasks in worker threads.
+Prefect runs tasks in worker threads. Every write of a run goes through `_write`, which
+spools it in the run directory while the server is unreachable (tasks/spool.py).
 """
 from __future__ import annotations
 
+import atexit
 import os
 from contextlib import contextmanager
 import subprocess
@@ -20,6 +22,13 @@ from prefect.runtime import task_run as prefect_task_run
 from hindsight.config import PipelineConfig, flatten
 from hindsight.errors import AlertStop, ConfigError
 from hindsight.models import resolve_model_path
+from tasks.spool import OUTAGE, Spool, unreachable
+
+# MLflow's defaults retry a dead server for minutes (7 retries, backoff 2, 120 s timeout); a
+# run that spools instead only needs to learn quickly that it is down. A user's setting wins.
+for _var, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                     ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+    os.environ.setdefault(_var, _value)
 
 
 def tracking_uri(cfg: PipelineConfig) -> str:
@@ -28,12 +37,31 @@ def tracking_uri(cfg: PipelineConfig) -> str:
 
 
 def client(cfg: PipelineConfig) -> MlflowClient:
-    uri = tracking_uri(cfg)
+    return client_for(tracking_uri(cfg))
+
+
+def client_for(uri: str) -> MlflowClient:
     mlflow.set_tracking_uri(uri)  # also for mlflow's own helpers that read the global URI
     mlflow.set_registry_uri(uri)
     if uri not in _CLIENTS:  # one per store and process: a new client per call cost ~10 ms a step
+        require_reachable(uri)
         _CLIENTS[uri] = MlflowClient(uri, registry_uri=uri)
     return _CLIENTS[uri]
+
+
+def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """A tracking server that cannot be reached when a command starts is one clear error within
+    seconds, not minutes of retries (a database or file store needs no server)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as exc:
+        reason = str(exc).split("(Caused by ")[-1].rstrip(")")[:200]
+        raise ConfigError(f"tracking: the MLflow server at {uri} cannot be reached ({reason}); start it, or point "
+                          f"tracking.tracking_uri / MLFLOW_TRACKING_URI at one that runs") from None
 
 
 _CLIENTS: dict[str, MlflowClient] = {}
@@ -62,7 +90,71 @@ def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, 
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = c.create_run(experiment_id(c, cfg), run_name=name, tags=all_tags)
+    _ACTIVE[run.info.run_id] = cfg
     return run.info.run_id
+
+
+_ACTIVE: dict[str, PipelineConfig] = {}  # runs this process started and has not ended
+
+
+@atexit.register
+def _end_leftover_runs() -> None:
+    """A process that ends (an uncaught error, Ctrl-C) never leaves its runs RUNNING."""
+    for run_id, cfg in list(_ACTIVE.items()):
+        try:
+            end_run(cfg, run_id, "FAILED")
+        except Exception:  # at exit: nothing left to report to
+            pass
+
+
+def _write(cfg: PipelineConfig, run_id: str, op: str, send, **payload):
+    """Send one tracking write, or spool it (returning None) while the server is unreachable."""
+    uri, spool = tracking_uri(cfg), Spool(cfg.root)
+    if OUTAGE.offline(uri):
+        spool.add(op, uri, run_id, **payload)
+        return None
+    try:
+        result = send()
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        OUTAGE.went_down(uri, spool, exc)
+        spool.add(op, uri, run_id, **payload)
+        return None
+    if OUTAGE.came_back(uri):
+        try:
+            sync_spool(cfg.root)
+        except Exception as exc:  # down again: what is left stays spooled
+            if not unreachable(exc):
+                raise
+            OUTAGE.went_down(uri, spool, exc)
+    return result
+
+
+def sync_spool(run_dir: str | Path) -> int:
+    """Send what a run spooled during an outage; returns how many writes went out."""
+    return Spool(run_dir).replay(_apply)
+
+
+def _apply(op: dict):
+    c, run_id = client_for(op["uri"]), op["run_id"]
+    kind = op["op"]
+    if kind == "metrics":
+        c.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in op["metrics"]])
+    elif kind == "tags":
+        c.log_batch(run_id, tags=[RunTag(k, v) for k, v in op["tags"].items()])
+    elif kind == "params":
+        c.log_batch(run_id, params=[Param(k, v) for k, v in op["params"].items()])
+    elif kind == "artifact":
+        (c.log_artifacts if Path(op["path"]).is_dir() else c.log_artifact)(run_id, op["path"], op["artifact_path"])
+    elif kind == "text":
+        c.log_text(run_id, op["text"], op["artifact_file"])
+    elif kind == "register":
+        return _register(c, run_id, op["local_dir"], op["model_name"], tuple(op["aliases"]))
+    elif kind == "terminate":
+        c.set_terminated(run_id, status=op["status"])
+    else:
+        raise ValueError(f"unknown spooled operation {kind!r}")
 
 
 @contextmanager
@@ -93,13 +185,15 @@ def log_context(cfg: PipelineConfig, run_id: str, data_md5: str | None) -> None:
     import trl
 
     c = client(cfg)
-    params = [Param(k, v[:6000]) for k, v in flatten(cfg).items()]
-    for i in range(0, len(params), 100):
-        c.log_batch(run_id, params=params[i:i + 100])
-    tags = {"data.md5": data_md5 or "unknown", "git.commit": git_commit(),
-            "version.torch": torch.__version__, "version.transformers": transformers.__version__,
-            "version.trl": trl.__version__, "version.python": sys.version.split()[0]}
-    c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    params = {k: v[:6000] for k, v in flatten(cfg).items()}
+    keys = list(params)
+    for i in range(0, len(keys), 100):
+        chunk = {k: params[k] for k in keys[i:i + 100]}
+        _write(cfg, run_id, "params", lambda chunk=chunk: c.log_batch(run_id, params=[Param(k, v) for k, v in chunk.items()]),
+               params=chunk)
+    set_tags(cfg, run_id, {"data.md5": data_md5 or "unknown", "git.commit": git_commit(),
+                           "version.torch": torch.__version__, "version.transformers": transformers.__version__,
+                           "version.trl": trl.__version__, "version.python": sys.version.split()[0]})
 
 
 _PENDING: list = []  # metric batches handed to MLflow's async logger, not yet confirmed written
@@ -113,15 +207,27 @@ def log_metrics(cfg: PipelineConfig, run_id: str, metrics: dict[str, float], ste
 
     now = int(time.time() * 1000)
     batch = [Metric(_metric_key(k), float(v), now, step) for k, v in metrics.items() if v is not None]
-    if batch:
-        op = client(cfg).log_batch(run_id, metrics=batch, synchronous=False)
-        if op is not None:
-            _PENDING.append(op)
+    if not batch:
+        return
+    rows = [[m.key, m.value, m.timestamp, m.step] for m in batch]
+    op = _write(cfg, run_id, "metrics", lambda: client(cfg).log_batch(run_id, metrics=batch, synchronous=False),
+                metrics=rows)
+    if op is not None:
+        _PENDING.append((op, cfg, run_id, rows))
 
 
 def flush_metrics() -> None:
+    """Wait for the queued metric writes; those the server never got (it went down) are spooled."""
     while _PENDING:
-        _PENDING.pop(0).wait()
+        op, cfg, run_id, rows = _PENDING.pop(0)
+        try:
+            op.wait()
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            uri = tracking_uri(cfg)
+            OUTAGE.went_down(uri, Spool(cfg.root), exc)
+            Spool(cfg.root).add("metrics", uri, run_id, metrics=rows)
 
 
 def _metric_key(key: str) -> str:
@@ -129,24 +235,30 @@ def _metric_key(key: str) -> str:
 
 
 def set_tags(cfg: PipelineConfig, run_id: str, tags: dict[str, str]) -> None:
-    client(cfg).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    tags = {k: str(v) for k, v in tags.items()}
+    _write(cfg, run_id, "tags", lambda: client(cfg).log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()]),
+           tags=tags)
 
 
 def log_json(cfg: PipelineConfig, run_id: str, obj, artifact_file: str) -> None:
     import json
 
-    client(cfg).log_text(run_id, json.dumps(obj, indent=1), artifact_file)
+    text = json.dumps(obj, indent=1)
+    _write(cfg, run_id, "text", lambda: client(cfg).log_text(run_id, text, artifact_file), text=text,
+           artifact_file=artifact_file)
 
 
 def log_artifact(cfg: PipelineConfig, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
-    client(cfg).log_artifact(run_id, str(path), artifact_path)
+    _write(cfg, run_id, "artifact", lambda: client(cfg).log_artifact(run_id, str(path), artifact_path), path=str(path),
+           artifact_path=artifact_path)
 
 
 def end_run(cfg: PipelineConfig, run_id: str, status: str = "FINISHED") -> None:
+    _ACTIVE.pop(run_id, None)
     try:
         flush_metrics()
     finally:  # a failed flush still ends the run, and then raises
-        client(cfg).set_terminated(run_id, status=status)
+        _write(cfg, run_id, "terminate", lambda: client(cfg).set_terminated(run_id, status=status), status=status)
 
 
 def git_commit() -> str:
@@ -164,7 +276,15 @@ def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name
     MLflow reserves `@latest` and resolves it to the newest version itself, so `X@latest`
     always means the version registered last.
     """
-    c = client(cfg)
+    version = _write(cfg, run_id, "register", lambda: _register(client(cfg), run_id, local_dir, model_name, aliases),
+                     local_dir=str(local_dir), model_name=model_name, aliases=list(aliases))
+    return SPOOLED if version is None else version
+
+
+SPOOLED = "spooled"  # the version of a registration waiting in the spool
+
+
+def _register(c: MlflowClient, run_id: str, local_dir: str | Path, model_name: str, aliases: tuple[str, ...]) -> str:
     c.log_artifacts(run_id, str(local_dir), artifact_path="checkpoint")
     source = f"{c.get_run(run_id).info.artifact_uri}/checkpoint"
     try:

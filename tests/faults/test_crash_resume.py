@@ -82,7 +82,8 @@ def _assert_store_complete(work, run_dir):
     rl = work / "runs" / run_dir / "rl"
     for comp in ("rollouts", "scores"):
         files = sorted(p.name for p in (rl / comp).iterdir())
-        assert files == [f"step-{s:06d}.parquet" for s in range(STEPS)], files  # no gap, no duplicate, no temp
+        shards = [f"step-{s:06d}.parquet" for s in range(STEPS)]
+        assert files == sorted(shards + [f"{n}.sha256" for n in shards]), files  # no gap, no duplicate, no temp
         for s in range(STEPS):
             assert set(pq.read_table(rl / comp / f"step-{s:06d}.parquet").column("step").to_pylist()) == {s}
 

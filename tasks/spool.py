@@ -1,0 +1,108 @@
+"""Surviving an MLflow outage: what cannot reach the tracking server waits in the run directory.
+
+While the server is unreachable, every tracking write of a run (metrics, tags, params,
+artifacts, the final status, the model registration) is appended to
+`RUN_DIR/mlflow-spool/ops.jsonl`; an artifact is copied beside it first, since the file may
+change before it is sent. Training does not wait: after one failed call the tracker is
+offline and writes go straight to the spool; every `RETRY_S` one call tries the server
+again, and the first that gets through replays the spool, in order. `hindsight sync RUN_DIR`
+replays it by hand, including a registration that could not happen.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from hindsight.fsutil import append_line, atomic_write_json, read_json
+
+log = logging.getLogger("hindsight.tracking")
+RETRY_S = 30.0
+SPOOL_DIR = "mlflow-spool"
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Is this the tracking server being down (as opposed to a bad request)?"""
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, (ConnectionError, TimeoutError)) or any(s in text for s in (
+        "Max retries exceeded", "Connection refused", "ConnectionError", "Failed to establish", "timed out",
+        "RemoteDisconnected", "Connection aborted", "NewConnectionError"))
+
+
+class Spool:
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir) / SPOOL_DIR
+        self.ops = self.dir / "ops.jsonl"
+        self.done = self.dir / "done.json"          # how many ops of ops.jsonl are replayed
+        self.registered = self.dir / "registered.json"  # run_id -> version, for registrations replayed
+
+    def add(self, op: str, uri: str, run_id: str, **payload) -> None:
+        if op == "artifact":  # a copy: the file may be rewritten before it is sent
+            src = Path(payload["path"])
+            keep = self.dir / "files" / uuid.uuid4().hex[:12] / src.name
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, keep)
+            payload["path"] = str(keep)
+        append_line(self.ops, json.dumps({"op": op, "uri": uri, "run_id": run_id, "time": time.time(), **payload},
+                                         default=str))
+
+    def pending(self) -> list[dict]:
+        if not self.ops.exists():
+            return []
+        lines = [line for line in self.ops.read_text(encoding="utf-8").splitlines() if line.strip()]
+        ops = []
+        for line in lines[(read_json(self.done, default={}) or {}).get("count", 0):]:
+            try:
+                ops.append(json.loads(line))
+            except ValueError:  # a line torn by a crash mid-append: it was never complete
+                continue
+        return ops
+
+    def replay(self, apply) -> int:
+        """`apply(op)` each pending op in order; stops at the first failure (which raises).
+        Progress is recorded after each op, so a second replay never sends one twice."""
+        ops, n = self.pending(), 0
+        count = (read_json(self.done, default={}) or {}).get("count", 0)
+        for op in ops:
+            result = apply(op)
+            if op["op"] == "register":
+                atomic_write_json(self.registered, {**(read_json(self.registered, default={}) or {}),
+                                                    op["run_id"]: str(result)})
+            count, n = count + 1, n + 1
+            atomic_write_json(self.done, {"count": count})
+        return n
+
+    def registered_version(self, run_id: str) -> str | None:
+        return (read_json(self.registered, default={}) or {}).get(run_id)
+
+
+class Outage:
+    """Offline or online, per tracking URI, for this process."""
+
+    def __init__(self):
+        self.retry_at: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def offline(self, uri: str) -> bool:
+        with self.lock:
+            return uri in self.retry_at and time.monotonic() < self.retry_at[uri]
+
+    def went_down(self, uri: str, spool: Spool, exc: BaseException) -> None:
+        with self.lock:
+            first = uri not in self.retry_at
+            self.retry_at[uri] = time.monotonic() + RETRY_S
+        if first:
+            log.warning("MLflow at %s is unreachable (%s): training goes on, tracking writes wait in %s and are "
+                        "sent when it is back (or by `hindsight sync %s`)", uri, str(exc).splitlines()[0][:200],
+                        spool.ops, spool.dir.parent)
+
+    def came_back(self, uri: str) -> bool:
+        with self.lock:
+            return self.retry_at.pop(uri, None) is not None
+
+
+OUTAGE = Outage()
