@@ -26,9 +26,16 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: data file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: data path is a directory, not a JSONL file")
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {raw[exc.start]:#04x} at column "
+                                f"{exc.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -62,11 +69,31 @@ def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
     if columns:
         rows = [{columns.get(k, k): v for k, v in r.items()} for r in rows]
     for i, row in enumerate(rows):
+        where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
         missing = [c for c in required if c not in row]
         if missing:
-            where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
             raise DataError(f"{where}: missing required column(s) {missing}")
+        for column in required:
+            _check_text(row[column], f"{where}: column {column!r}")
     return rows[:limit] if limit else rows
+
+
+def _check_text(value, where: str) -> None:
+    """A text column holds a string, or chat messages ({role, content} with string content), of
+    valid Unicode: checked here so a bad row fails in preflight, not after the model has loaded."""
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        for j, message in enumerate(value):
+            if not isinstance(message.get("role"), str) or "content" not in message:
+                raise DataError(f"{where}: message {j} needs a string 'role' and a 'content'")
+            _check_text(message["content"], f"{where}: message {j} content")
+        return
+    if not isinstance(value, str):
+        raise DataError(f"{where} must be text (or a list of chat messages), got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where} holds a lone surrogate ({value[exc.start]!a} at character {exc.start}), "
+                        f"which is not valid Unicode text") from None
 
 
 def _load_parquet_rows(path: str) -> list[dict]:

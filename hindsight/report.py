@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 import time
 
 CSS = """
@@ -25,6 +26,16 @@ th{background:#f6f8fa;text-align:left}.prompt{white-space:pre-wrap;font-family:u
 SUMMARY_KEYS = ("reward/mean", "reward/std", "reward/zero_std_fraction", "kl", "entropy", "response_length/mean",
                 "response_length/truncated_fraction", "clip_fraction", "approx_kl", "grad_norm",
                 "rollout/completion_rate", "rollout/tokens_per_s", "eval/accuracy")
+
+
+def _num(v) -> float:
+    """A stored number, or NaN for anything else: a crafted shard cannot break the page."""
+    return float(v) if isinstance(v, numbers.Real) else math.nan
+
+
+def _attr(v) -> str:
+    """Any value as an attribute's text, quotes escaped."""
+    return html.escape(str(v), quote=True)
 
 
 def shade(logprob: float) -> str:
@@ -47,12 +58,16 @@ def token_spans(ids: list[int], logprobs: list[float], ref_logprobs: list[float]
     """One span per completion token; `decode(id)` gives the token's text."""
     out = []
     for k, (tid, lp) in enumerate(zip(ids, logprobs)):
-        text = decode(tid)
+        try:
+            text = decode(tid)
+        except Exception:  # an id the tokenizer does not know (a crafted or foreign shard)
+            text = f"<id {tid}>"
+        lp = _num(lp)
         shown = html.escape(text.replace("\n", "⏎\n")) or "&#9251;"
         attrs = f'data-logprob="{lp:.4f}"'
         title = f"logprob {lp:.3f} (p={math.exp(lp):.3f})"
         if ref_logprobs is not None and k < len(ref_logprobs):
-            ref = ref_logprobs[k]
+            ref = _num(ref_logprobs[k])
             kl = token_kl(lp, ref, kl_estimator)
             attrs += f' data-ref-logprob="{ref:.4f}" data-kl="{kl:.4f}"'
             title += f" | ref {ref:.3f} | KL ({kl_estimator}) {kl:.4f}"
@@ -82,8 +97,8 @@ def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, flo
         adv = advantages.get(r["index"])
         spans = token_spans(r["completion_ids"], r["logprobs"], s.get("ref_logprobs"), decode, kl_estimator)
         eos = "" if r["ended_with_eos"] else ' <span class="bad" title="no EOS">(truncated)</span>'
-        body.append(f'<tr class="completion-row" data-index="{r["index"]}"><td class="completion">{spans}{eos}</td>'
-                    f'<td class="num reward" data-reward="{s["reward"]:.6g}">{_fmt(s["reward"])}</td>{cells}'
+        body.append(f'<tr class="completion-row" data-index="{_attr(r["index"])}"><td class="completion">{spans}{eos}'
+                    f'</td><td class="num reward" data-reward="{_num(s["reward"]):.6g}">{_fmt(s["reward"])}</td>{cells}'
                     f'<td class="num advantage">{_fmt(adv)}</td></tr>')
     return (f"<table><tr><th>completion (hover a token)</th><th>reward</th>{head}<th>advantage</th></tr>"
             + "".join(body) + "</table>")
@@ -100,8 +115,8 @@ def render_step_report(run_name: str, step: int, rows: list[dict], scores: list[
         idx = groups[g]
         first = rows[idx[0]]
         replay = " (replayed hard example)" if first.get("replayed") else ""
-        sections.append(f'<section class="group" data-group="{g}"><h2>prompt {html.escape(str(first["prompt_id"]))}'
-                        f'{replay}</h2><div class="prompt">{html.escape(first["prompt"])}</div>'
+        sections.append(f'<section class="group" data-group="{_attr(g)}"><h2>prompt {html.escape(str(first["prompt_id"]))}'
+                        f'{replay}</h2><div class="prompt">{html.escape(str(first["prompt"]))}</div>'
                         + _group_table([rows[j] for j in idx], [scores[j] for j in idx], advantages, decode,
                                        kl_estimator)
                         + "</section>")
@@ -145,5 +160,7 @@ def text_table(header: list[str], rows: list[list], max_width: int = 48) -> str:
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n")
+    # a lone surrogate (a crafted shard, a broken tokenizer) cannot be written as UTF-8: show it escaped
+    return page.encode("utf-8", "backslashreplace").decode("utf-8")

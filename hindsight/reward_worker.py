@@ -17,8 +17,16 @@ class RewardCrashed(Exception):
     pass
 
 
+class RewardExited(Exception):
+    """The reward called sys.exit(): reported like an inline reward's SystemExit."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
 def _serve(conn) -> None:
-    from hindsight.scoring import load_reward_fn
+    from hindsight.scoring import load_reward_fn, plain_result
 
     while True:
         msg = conn.recv()
@@ -26,7 +34,10 @@ def _serve(conn) -> None:
             return
         spec, kwargs = msg
         try:
-            conn.send(("ok", list(load_reward_fn(spec)(**kwargs))))
+            # the return value itself (not list(...) of it): the parent validates it as it would inline
+            conn.send(("ok", plain_result(load_reward_fn(spec)(**kwargs))))
+        except SystemExit as exc:
+            conn.send(("exit", exc.code if isinstance(exc.code, (int, str, type(None))) else str(exc.code)))
         except Exception as exc:  # reported to the parent, which applies the fallback
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -58,6 +69,8 @@ class RewardWorker:
             raise RewardCrashed(f"reward {spec} killed its worker process") from None
         if status == "error":
             raise RuntimeError(payload)
+        if status == "exit":
+            raise RewardExited(payload)
         return payload
 
     def close(self, kill: bool = False) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from hindsight.errors import RewardError
@@ -113,27 +114,51 @@ def _remote(worker, spec: str, timeout_s: float):
     return lambda **kwargs: worker.call(spec, kwargs, timeout_s)
 
 
+def plain_result(raw):
+    """A reward's return as plain Python (a numpy array or tensor as its list), else unchanged:
+    what the worker process sends back, and what the inline path validates, are the same."""
+    tolist = getattr(raw, "tolist", None)
+    return tolist() if callable(tolist) and not isinstance(raw, (list, tuple, str, bytes, dict)) else raw
+
+
 def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int]:
+    """One reward call, inline or in the worker: both end in `validate_scores`."""
+    from hindsight.reward_worker import RewardExited
+
     completions = kwargs["completions"]
     try:
-        raw = fn(**kwargs)
+        raw = plain_result(fn(**kwargs))
+    except (SystemExit, RewardExited) as exc:  # inline, this would end the whole command with its code
+        raise RewardError(f"reward {spec!r} called sys.exit({exc.code!r}); a reward returns its scores, it never "
+                          f"exits") from None
     except Exception as exc:  # the contract: a broken reward costs its scores, not the run
         log.warning("reward %s raised %s: %s (first completion: %r)", spec, type(exc).__name__, exc,
                     completions[0] if completions else None)
         return [fallback] * len(completions), len(completions)
-    if raw is None or len(raw) != len(completions):
-        got = "None" if raw is None else f"{len(raw)} scores"
-        raise RewardError(f"reward {spec!r} returned {got} for {len(completions)} completions")
+    return validate_scores(spec, raw, completions, fallback)
+
+
+def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple[list[float], int]:
+    """A list (or tuple) of one real number per completion. Another shape is the reward's bug and
+    fails loudly; an element that is not a finite real number (None, NaN, a string) gets the
+    fallback and is counted. A string is never parsed: "1" is not a score."""
+    if not isinstance(raw, (list, tuple)):
+        shown = repr(raw)[:60]
+        raise RewardError(f"reward {spec!r} returned {type(raw).__name__} {shown}, not a list of "
+                          f"{len(completions)} scores")
+    if len(raw) != len(completions):
+        raise RewardError(f"reward {spec!r} returned {len(raw)} scores for {len(completions)} completions")
     scores, failed = [], 0
     for completion, value in zip(completions, raw):
-        try:
-            value = float(value) if value is not None else math.nan
-        except (TypeError, ValueError):
-            value = math.nan
-        if math.isnan(value) or math.isinf(value):
+        if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)):
+            try:
+                value = value.item()  # a one-element tensor or array
+            except (TypeError, ValueError, RuntimeError):
+                pass
+        ok = isinstance(value, numbers.Real) and math.isfinite(float(value))
+        if not ok:
             failed += 1
             if failed <= MAX_LOGGED_FAILURES:
                 log.warning("reward %s gave %r for completion %r; using fallback %s", spec, value, completion, fallback)
-            value = fallback
-        scores.append(value)
+        scores.append(float(value) if ok else fallback)
     return scores, failed

@@ -21,7 +21,11 @@ def apply_override(raw: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {assignment!r}: {part} is not a table")
-    node[parts[-1]] = yaml.safe_load(value)
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {assignment!r}: malformed YAML value ({getattr(exc, 'problem', None) or exc}); "
+                          f"quote a string that holds YAML syntax") from None
 
 
 def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "config"):
@@ -29,7 +33,16 @@ def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] =
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: {what} file not found")
-    text = path.read_text(encoding="utf-8")
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} path is a directory, not a YAML file")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise ConfigError(f"{path}: {what} file is binary, not YAML text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: {what} file is not valid UTF-8 (byte {data[exc.start]:#04x})") from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

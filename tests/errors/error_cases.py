@@ -7,7 +7,10 @@ after sampling keeps the shards it already finished, so a fixed rerun reuses the
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,17 +251,116 @@ def stored_run(ws, tmp, **rl) -> Case:
 @case("checkpoint-truncated")
 def _(ws, tmp):
     c = stored_run(ws, tmp)
-    opt = tmp / "run/rl/checkpoints/optimizer/step-000002.pt"
-    opt.write_bytes(opt.read_bytes()[:100])
+    for step in (1, 2):  # one intact version would be resumed from instead
+        opt = tmp / f"run/rl/checkpoints/optimizer/step-{step:06d}.pt"
+        opt.write_bytes(opt.read_bytes()[:100])
     return c
 
 
 @case("weights-truncated")
 def _(ws, tmp):
     c = stored_run(ws, tmp)
-    weights = tmp / "run/rl/checkpoints/policy/step-000002/model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])
+    for step in (1, 2):
+        weights = tmp / f"run/rl/checkpoints/policy/step-{step:06d}/model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
     return c
+
+
+@case("resume-finished-changed")
+def _(ws, tmp):
+    return stored_run(ws, tmp, lr=5e-4)
+
+
+@case("run-locked")
+def _(ws, tmp):
+    (tmp / "run").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom hindsight.runlock import run_lock\n"
+                               "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n",
+                               str(tmp / "run")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ws.root)})
+    assert holder.stdout.readline().strip() == "held"
+    _HOLDERS.append(holder)  # released when the test process ends (its stdin closes)
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run"))))
+
+
+_HOLDERS: list = []
+
+
+@case("mlflow-unreachable")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run"))), {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+
+
+@case("config-is-a-directory")
+def _(ws, tmp):
+    (tmp / "conf.yaml").mkdir()
+    return Case(["run", "rl", "-c", "conf.yaml"])
+
+
+@case("config-binary")
+def _(ws, tmp):
+    (tmp / "model.yaml").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00")
+    return Case(["run", "rl", "-c", "model.yaml"])
+
+
+@case("config-not-utf8")
+def _(ws, tmp):
+    (tmp / "latin.yaml").write_bytes(b"name: errs\nseed: 0 # caf\xe9\n")
+    return Case(["run", "rl", "-c", "latin.yaml"])
+
+
+@case("set-malformed-yaml")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", "rl.rollout={max_new_tokens: 4"))
+
+
+def _prompts_case(ws, tmp, content: bytes) -> Case:
+    (tmp / "prompts.jsonl").write_bytes(content)
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = str(tmp / "prompts.jsonl")
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("data-not-utf8")
+def _(ws, tmp):
+    return _prompts_case(ws, tmp, b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+
+
+@case("prompt-not-text")
+def _(ws, tmp):
+    return _prompts_case(ws, tmp, b'{"prompt": "2 + 2", "answer": "4"}\n{"prompt": 42, "answer": "4"}\n')
+
+
+@case("prompt-lone-surrogate")
+def _(ws, tmp):
+    return _prompts_case(ws, tmp, b'{"prompt": "2 + 2 \\ud800", "answer": "4"}\n')
+
+
+def _reward_case(ws, tmp, body: str, isolation: str) -> Case:
+    (tmp / "bad_returns.py").write_text(f"def score(completions, **kw):\n    {body}\n")
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "bad_returns:score"}], reward_isolation=isolation)
+    return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
+
+
+@case("reward-returns-string")
+def _(ws, tmp):
+    return _reward_case(ws, tmp, "return '1' * len(completions)", "process")
+
+
+@case("reward-returns-dict")
+def _(ws, tmp):
+    return _reward_case(ws, tmp, "return {c: 1.0 for c in completions}", "inline")
+
+
+@case("reward-exits")
+def _(ws, tmp):
+    return _reward_case(ws, tmp, "import sys; sys.exit(0)", "inline")
+
+
+@case("sandbox-mode-unknown")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "rewards.code:code_tests", "args": {"sandbox": "docker"}}])
+    return Case(rl_args(write_config(tmp, cfg)))
 
 
 @case("manifest-corrupt")
