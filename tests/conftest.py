@@ -82,7 +82,7 @@ def mlflow_server(tmp_path_factory):
         yield url, home
 
 
-INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles"}
+INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox"}
 
 
 def pytest_collection_modifyitems(config, items):

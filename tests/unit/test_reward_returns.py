@@ -8,6 +8,8 @@ from hindsight.errors import RewardError
 from hindsight.reward_worker import RewardWorker
 from hindsight.scoring import score_completions
 
+pytestmark = pytest.mark.integration  # each case also runs in a reward worker process
+
 COMPLETIONS = ["a", "bb", "ccc"]
 RETURNS = {
     "as_string": "return '111'",
