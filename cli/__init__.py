@@ -20,9 +20,10 @@ app.add_typer(data_app, name="data")
 
 ConfigOpt = typer.Option(..., "-c", "--config", help="pipeline YAML (see configs/)")
 SetOpt = typer.Option(None, "--set", help="override a key: --set rl.steps=5 (repeatable)")
-ForceOpt = typer.Option(False, "--force", help="rerun the stage even if its cached result is valid")
+ForceOpt = typer.Option(False, "--force", help="retrain: ignore the cache and move the stage's old state aside "
+                                                "(kept under RUN_DIR/STAGE.old-TIME), never resuming from it")
 DebugOpt = typer.Option(False, "--debug", help="show full tracebacks")
-NewRunOpt = typer.Option(False, "--force-new-run", help="move incompatible RL state aside and start the RL stage anew")
+NewRunOpt = typer.Option(False, "--force-new-run", help="the same as --force (kept for older scripts)")
 
 
 def _env() -> None:
@@ -31,24 +32,52 @@ def _env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' load/save bars would break ours
 
 
-class _NoUserErrorTracebacks(logging.Filter):
-    """Prefect logs every failed task with its traceback; for bad input (a HindsightError)
-    the one-line message is the whole story, so the traceback is kept for --debug."""
+def _prefect_api() -> None:
+    """Every flow talks to one long-lived Prefect server (cli/server.py), never a temporary one."""
+    from cli.server import ensure_api
+
+    ensure_api(lambda msg: typer.echo(msg, err=True))
+
+
+def _user_error_names() -> tuple[str, ...]:
+    todo, names = [HindsightError], set()
+    while todo:
+        cls = todo.pop()
+        names.add(f"{cls.__name__}: ")
+        todo += cls.__subclasses__()
+    return tuple(names)
+
+
+class _ForPeople(logging.Filter):
+    """What Prefect logs that a person at the terminal does not need: a line per task state
+    (`Finished in state Completed()`), and a bad input (a HindsightError) reported again by
+    every task and flow it failed: the CLI's one `error:` line says it (--debug keeps all)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HindsightError) or isinstance(getattr(exc, "__cause__", None), HindsightError):
-            record.exc_info, record.exc_text = None, None
-        return True
+            return False
+        msg = record.getMessage()
+        if msg.startswith("Finished in state Completed(") or msg.startswith("Created task run"):
+            return False
+        return not any(name in msg for name in _user_error_names())
 
 
-def _quiet_user_errors() -> None:
+def _quiet_logs() -> None:
+    """Logs a person reads, through one console: hindsight's own lines, and Prefect's with
+    their noise filtered, print through the console the progress bar uses."""
+    from hindsight.console import console, route_logs_to_console
+
+    route_logs_to_console()
     loggers = [logging.getLogger()] + [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
-                                       if n.startswith(("prefect", "hindsight"))]
+                                       if n.startswith("prefect")]
     for handler in {h for lg in loggers for h in lg.handlers}:
-        handler.addFilter(_NoUserErrorTracebacks())
+        handler.addFilter(_ForPeople())
+        if hasattr(handler, "console"):  # Prefect's console handler: one console, so the bar stays whole
+            handler.console = console()
 
 
 def _guard(fn, debug: bool):
@@ -75,7 +104,8 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
         from hindsight.runlock import run_lock
 
         cfg = load_config(config, sets or [])
-        with run_lock(cfg.root):  # held from before --force-new-run moves anything to the last stage
+        _prefect_api()
+        with run_lock(cfg.root):  # held from before --force moves anything to the last stage
             if force_new_run:
                 from hindsight.resume import archive_run_dir
 
@@ -85,11 +115,12 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
             from flows import registry
 
             if not debug:
-                _quiet_user_errors()
+                _quiet_logs()
             extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
             result = registry.FLOWS[stage](cfg, force=force, **extra)
         rows = [r.row() for r in (result if isinstance(result, list) else [result])]
         _print_summary(rows)
+        _explain_cached(cfg, rows)
         if result_json:
             import json
 
@@ -111,6 +142,25 @@ def _print_summary(rows: list[dict]) -> None:
         table.add_row(r["stage"], f"{r['wall_s']:.1f}s", "-" if acc is None else f"{acc:.3f}",
                       f"{r['model']} v{r['version']}", "yes" if r.get("cached") else "no")
     Console(width=120).print(table)
+
+
+def _explain_cached(cfg, rows: list[dict]) -> None:
+    """A cached stage registered nothing now: say which earlier version it is, and when a
+    later version holds @latest, that it is not the one this config produced."""
+    from tasks.tracking import client
+
+    for r in rows:
+        if not r.get("cached"):
+            continue
+        try:
+            latest = client(cfg).get_model_version_by_alias(r["model"], "latest").version
+        except Exception:  # the registry is only asked to explain; it may be unreachable
+            latest = None
+        note = f"{r['stage']}: cached, so nothing was trained or registered now: {r['model']} v{r['version']} is the " \
+               f"version an earlier run registered for these same inputs (MLflow run {r['run_id']})"
+        if latest is not None and str(latest) != str(r["version"]):
+            note += f"; @latest is v{latest}, registered since by other inputs"
+        typer.echo(note)
 
 
 @run_app.command("sft")
@@ -164,10 +214,11 @@ def sweep(config: Path = typer.Option(..., "-c", "--config", help="sweep YAML (s
         from hindsight.sweep import load_sweep
 
         sweep_cfg, base, _ = load_sweep(config, set_ or [])
+        _prefect_api()
         from flows.sweep import sweep_flow
 
         if not debug:
-            _quiet_user_errors()
+            _quiet_logs()
         result = sweep_flow(sweep_cfg, base, force=force, sweep_file=str(config))
         if result["best"] is None:
             from hindsight.errors import StageError
@@ -237,6 +288,46 @@ def scale(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME
         typer.echo(f"wrote {request_scale(run_dir, rollout)}: {rollout} rollout worker(s) from the next step")
 
     _guard(go, debug)
+
+
+server_app = typer.Typer(no_args_is_help=True, help="The local Prefect server every command shares.")
+app.add_typer(server_app, name="server")
+
+
+@server_app.command("start")
+def server_start(port: Optional[int] = typer.Option(None, "--port", help="default the first free port from 4200"),
+                 debug: bool = DebugOpt):
+    """Start Prefect's server on loopback, detached; `hindsight run` commands then use it."""
+    def go():
+        from cli.server import start
+
+        info, started = start(port)
+        typer.echo(f"{'started' if started else 'already running:'} Prefect server at {info['url']} "
+                   f"(pid {info['pid']}, log {info['log']})")
+
+    _env()
+    _guard(go, debug)
+
+
+@server_app.command("stop")
+def server_stop():
+    """Stop the local Prefect server."""
+    from cli.server import stop
+
+    info = stop()
+    typer.echo(f"stopped the Prefect server at {info['url']} (pid {info['pid']})" if info else "no local Prefect server runs")
+
+
+@server_app.command("status")
+def server_status():
+    """Whether the local Prefect server runs, and where (exit 1 when it does not)."""
+    from cli.server import status
+
+    info = status()
+    if info is None:
+        typer.echo("no local Prefect server runs (`hindsight server start` starts one)")
+        raise typer.Exit(1)
+    typer.echo(f"Prefect server at {info['url']} (pid {info['pid']}, log {info['log']})")
 
 
 @app.command("sync")

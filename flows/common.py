@@ -9,6 +9,8 @@ from pathlib import Path
 from hindsight.config import PipelineConfig
 from hindsight.data import DEMO_FILES, build_demo_data, dvc_dir_md5, pinned_md5
 from hindsight.errors import DataError, HindsightError, StageError, TrackingError
+from hindsight.console import say
+from hindsight.resume import archive_run_dir
 from hindsight.runlock import run_lock
 from hindsight.stage import StageResult, StageSpec, preflight
 from tasks.cache import declared_key
@@ -23,6 +25,10 @@ def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_i
     with run_lock(cfg.root):  # a deployed flow holds it too, not only the CLI
         data_md5 = ensure_data(cfg)
         preflight(spec, cfg)
+        if force:  # retrain from the stage's inputs: its old state is kept, aside, never resumed from
+            moved = archive_run_dir(cfg.root / spec.workdir)
+            if moved:
+                say(f"--force: moved the previous {spec.name} state to {moved}")
         paths, versions = {}, {}
         for role, uri in spec.models(cfg).items():
             paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)

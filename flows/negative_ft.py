@@ -38,6 +38,6 @@ NEGATIVE_FT = StageSpec(
     registers="negft", story=negative_ft_story)
 
 
-@flow(name="negative-ft", log_prints=True)
+@flow(name="negative-ft", log_prints=False)
 def negative_ft_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
     return run_declared(NEGATIVE_FT, cfg, force, parent_run_id)

@@ -16,7 +16,7 @@ from hindsight.stage import StageResult, preflight
 from tasks import tracking
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline", log_prints=False)
 def pipeline_flow(cfg: PipelineConfig, force: bool = False) -> list[StageResult]:
     stages = [(spec, stage_flow) for spec, stage_flow, on in (
         (SFT, sft_flow, cfg.sft.enabled), (REWARD_MODEL, reward_model_flow, cfg.reward_model.enabled),

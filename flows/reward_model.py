@@ -25,6 +25,6 @@ REWARD_MODEL = StageSpec(
     data=("prefs",), registers="rm", story=reward_model_story)
 
 
-@flow(name="reward-model", log_prints=True)
+@flow(name="reward-model", log_prints=False)
 def reward_model_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
     return run_declared(REWARD_MODEL, cfg, force, parent_run_id)

@@ -9,6 +9,7 @@ from prefect import flow
 
 from flows.common import run_declared, transient
 from hindsight.config import PipelineConfig
+from hindsight.console import say
 from hindsight.errors import AlertStop
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
@@ -68,7 +69,7 @@ def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
     start = run.start_step
     reused = [s for s in run.store.steps("rollouts") if s >= start]
     if start or reused:
-        print(f"resuming rl from step {start} ({len(reused)} stored shards reused)")
+        say(f"resuming rl from step {start} ({len(reused)} stored shards reused)")
         tracking.set_tags(cfg, run_id, {"hindsight.resumed_from_step": start})
     changes = run.resume_changes.by_section
     if changes:
@@ -101,7 +102,7 @@ RL = StageSpec(
     checks=_check_placement, registers="policy", story=rl_story)
 
 
-@flow(name="rl", log_prints=True)
+@flow(name="rl", log_prints=False)
 def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
     return run_declared(RL, cfg, force, parent_run_id)
 
@@ -115,7 +116,7 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
     tracking.log_metrics(cfg, run_id, metrics, done)
     alerts = run.observe(done, metrics)
     for alert in alerts:
-        print(f"ALERT {alert.message}")
+        say(f"ALERT {alert.message}")
         tracking.set_tags(cfg, run_id, {f"hindsight.alert.{alert.rule}": alert.message})
     if alerts:
         tracking.log_artifact(cfg, run_id, run.dir / "alerts.jsonl")

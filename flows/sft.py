@@ -27,6 +27,6 @@ SFT = StageSpec(
     registers="sft", story=sft_story)
 
 
-@flow(name="sft", log_prints=True)
+@flow(name="sft", log_prints=False)
 def sft_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None = None) -> StageResult:
     return run_declared(SFT, cfg, force, parent_run_id)

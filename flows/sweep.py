@@ -9,6 +9,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.reward_model import reward_model_flow
 from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
+from hindsight.console import say
 from hindsight.fsutil import atomic_write_bytes
 from hindsight.stage import model_name
 from hindsight.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
@@ -18,18 +19,18 @@ from tasks.sweep import (deployment_trial_task, prefect_api_url, ranking_table, 
                          trial_task)
 
 
-@flow(name="sweep", log_prints=True)
+@flow(name="sweep", log_prints=False)
 def sweep_flow(sweep: SweepConfig, base: PipelineConfig, force: bool = False, sweep_file: str = "sweep") -> dict:
     trials = [trial_config(sweep, base, i, p, sweep_file) for i, p in enumerate(trial_params(sweep))]
     shared = _shared_stages(base, force)
     key = stage_key("sweep", {"sweep": sweep.model_dump(), "base": base.model_dump()}, shared, tracking.store_id(base))
     parent = sweep_parent_run(base, sweep.name, key)
     tracking.log_json(base, parent, sweep.model_dump(), "sweep/sweep.json")
-    print(f"sweep {sweep.name}: {len(trials)} trials, {sweep.max_concurrency} at a time")
+    say(f"sweep {sweep.name}: {len(trials)} trials, {sweep.max_concurrency} at a time")
     results = _run_trials(sweep, trials, parent, shared, force)
     ranked = rank(results, sweep.metric, sweep.mode)
     table = ranking_table(ranked, list(sweep.params), sweep.metric)
-    print(table)
+    say(table)
     _publish(base, sweep, parent, ranked, table)
     best = next((r for r in ranked if r["rank"] == 1), None)
     if best:
@@ -71,7 +72,7 @@ def _run_trials(sweep: SweepConfig, trials: list[PipelineConfig], parent: str, s
                 results.append(fut.result())
             else:
                 err = state.result(raise_on_failure=False)
-                print(f"trial {trial_id(i)} failed: {err}")
+                say(f"trial {trial_id(i)} failed: {err}")
                 results.append({"trial": trial_id(i), **params[i], "status": "failed", "error": str(err)})
     return results
 

@@ -119,7 +119,7 @@ class CheckpointManager:
             problems.append((step, bad))
         detail = "; ".join(f"step {s}: {', '.join(b)}" for s, b in problems)
         raise CheckpointError(f"{self.root}: no intact checkpoint version ({detail} fail their sha256); rerun with "
-                              f"--force-new-run to move the run aside and start over")
+                              f"--force to move the run aside and start over")
 
     def _fall_back(self, manifest: dict, step: int, problems: list) -> None:
         corrupt = self.root / "corrupt" / time.strftime("%Y%m%d-%H%M%S")

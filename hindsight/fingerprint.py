@@ -98,8 +98,12 @@ def check_resume(changes: Changes, run_dir: Path, start: int, steps: int) -> Non
     if refused:
         raise CheckpointError(f"{run_dir}: cannot resume, the stored state is incompatible "
                               f"({changes.describe('sampling', 'algorithm')}); "
-                              f"rerun with --force-new-run to move it aside and start over")
+                              f"rerun with --force to move it aside and start over")
     if start >= steps and changes.by_section:
         raise CheckpointError(f"{run_dir}: the run finished at step {start} under other settings "
                               f"({changes.describe(*SECTIONS)}); nothing was trained or registered: rerun with "
-                              f"--force-new-run to move it aside and train anew, or use another run_dir")
+                              f"--force to move it aside and train anew, or use another run_dir")
+    if start >= steps:  # a cache miss on a finished run (the code or the MLflow store changed)
+        raise CheckpointError(f"{run_dir}: the run already finished at step {start}; nothing to train, so nothing "
+                              f"is registered again: rerun with --force to retrain it from its inputs, raise "
+                              f"rl.steps to train on, or use another run_dir")

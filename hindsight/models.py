@@ -5,6 +5,7 @@ a local path and the demo model built here all take the same `from_pretrained` p
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import torch
 from hindsight.errors import CheckpointError, ConfigError
 
 DEMO_SPECIAL = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
+
+log = logging.getLogger("hindsight.models")
 
 
 def build_demo_tokenizer():
@@ -125,7 +128,20 @@ def load_causal_lm(path: str, dtype: str = "float32"):
 
 
 def load_reward_model(path: str, dtype: str = "float32"):
+    """A sequence-scoring model. From a causal LM (the reward model's start, PPO's critic) its
+    head is new: transformers' load report prints that as a MISSING table that reads like an
+    error, so it is silenced here and said in one line instead."""
     from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
-    return _loading(path, "reward model", lambda: AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=getattr(torch, dtype)).to(default_device()))
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = _loading(path, "reward model", lambda: AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=getattr(torch, dtype), output_loading_info=True))
+    finally:
+        hf_logging.set_verbosity(before)
+    fresh = sorted(info.get("missing_keys") or [])
+    if fresh:
+        log.info("%s: a new scoring head (%s), as expected when starting from a causal LM", path, ", ".join(fresh))
+    return model.to(default_device())

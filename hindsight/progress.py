@@ -19,8 +19,11 @@ class StepProgress:
         if self.fancy:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+            from hindsight.console import console as shared
+
+            # the shared console: log lines printed meanwhile go above the bar, which rich redraws once
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console)
+                                 TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console or shared())
             self._task = self._bar.add_task(label, total=total, completed=start, info="")
             self._bar.start()
 
@@ -32,7 +35,10 @@ class StepProgress:
         if self._bar is not None:
             self._bar.update(self._task, completed=done, info=info)
         else:
-            print(f"{self.label} step {done}/{self.total} {info} eta {self.eta_s(done):.0f}s", flush=True)
+            from hindsight.console import console
+
+            console().print(f"{self.label} step {done}/{self.total} {info} eta {self.eta_s(done):.0f}s", markup=False,
+                            highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -54,10 +54,12 @@ def _set_scores_aside(rl_dir: Path, start: int) -> int:
 
 
 def archive_run_dir(run_dir: Path) -> Path | None:
-    """--force-new-run: move old state aside (never delete it) so the run starts fresh."""
+    """--force: move a stage's old state aside (never delete it) so the stage starts fresh."""
     if not run_dir.exists():
         return None
-    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp, n = time.strftime('%Y%m%d-%H%M%S'), 0
+    while (target := run_dir.with_name(f"{run_dir.name}.old-{stamp}" + (f"-{n}" if n else ""))).exists():
+        n += 1
     run_dir.rename(target)
     return target
 

@@ -56,6 +56,11 @@ class StageSpec:
     registers: str                         # kind: the stage registers NAME-<kind>
     story: Callable[[StageContext], StageOutput]
 
+    @property
+    def workdir(self) -> str:
+        """Its folder under the run directory (`--force` moves it aside)."""
+        return self.name.replace("-", "_")
+
 
 @dataclass(frozen=True, kw_only=True)
 class StageResult:

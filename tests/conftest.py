@@ -82,6 +82,18 @@ def mlflow_server(tmp_path_factory):
         yield url, home
 
 
+@pytest.fixture(autouse=True)
+def _one_prefect_server(request):
+    """An integration test's CLI subprocesses (which copy os.environ) all talk to the session's
+    one Prefect server: never a server per command, none left running after the session."""
+    if request.node.get_closest_marker("integration") is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_API_URL", request.getfixturevalue("prefect_api"))
+        yield
+
+
 INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox"}
 
 

@@ -243,9 +243,10 @@ def _(ws, tmp):
 
 
 def stored_run(ws, tmp, **rl) -> Case:
-    """A copy of a finished 2-step run: the checkpoints a rerun would resume from."""
+    """A copy of a finished 2-step run: the checkpoints a rerun would resume from (its own run
+    directory is a new cache key, so the stage runs; `--force` would move the state aside)."""
     shutil.copytree(ws.done_run, tmp / "run")
-    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", **rl)), "--force"))
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", **rl))))
 
 
 @case("checkpoint-truncated")

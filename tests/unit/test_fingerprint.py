@@ -31,7 +31,7 @@ def test_a_changed_group_size_is_refused_with_no_checkpoint_yet(tmp_path):
     run.rollout(0)  # a stored shard of groups of 4, and no checkpoint
     run.close()
     assert run.ckpt.latest_step() is None
-    with pytest.raises(CheckpointError, match=r"samples_per_prompt: stored 4, config 2\); rerun with --force-new-run"):
+    with pytest.raises(CheckpointError, match=r"samples_per_prompt: stored 4, config 2\); rerun with --force"):
         RLRun(_rl_cfg(tmp_path, samples_per_prompt=2), init, None)
     with pytest.raises(CheckpointError, match=r"rollout.temperature: stored 1.0, config 0.7"):
         RLRun(_rl_cfg(tmp_path, rollout={"max_new_tokens": 4, "temperature": 0.7}), init, None)
@@ -89,4 +89,6 @@ def test_a_finished_run_is_not_resumed_under_other_settings(tmp_path):
     for changed in ({"lr": 2e-3}, {"kl": {"coef": 0.1}}):
         with pytest.raises(CheckpointError, match="finished at step 1 under other settings.*nothing was trained or registered"):
             RLRun(_rl_cfg(tmp_path, steps=1, **{"lr": 1e-3, **changed}), init, None)
-    RLRun(_rl_cfg(tmp_path, steps=1, lr=1e-3), init, None).close()  # the same settings: nothing to refuse
+    with pytest.raises(CheckpointError, match="already finished at step 1; nothing to train, so nothing is registered"):
+        RLRun(_rl_cfg(tmp_path, steps=1, lr=1e-3), init, None)  # the same settings, on a cache miss
+    RLRun(_rl_cfg(tmp_path, steps=2, lr=1e-3), init, None).close()  # more steps: it trains on

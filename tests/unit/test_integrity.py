@@ -99,5 +99,5 @@ def test_with_no_intact_checkpoint_the_resume_is_one_clear_error(tmp_path):
     for step in (1, 2):
         _flip(run.ckpt.root / f"optimizer/step-{step:06d}.pt")
     want = r"no intact checkpoint version \(step 2: optimizer/step-000002.pt; step 1: optimizer/step-000001.pt fail"
-    with pytest.raises(CheckpointError, match=want + r" their sha256\); rerun with --force-new-run"):
+    with pytest.raises(CheckpointError, match=want + r" their sha256\); rerun with --force"):
         RLRun(cfg, init, None)

@@ -13,7 +13,7 @@ def test_plain_lines_in_ci(monkeypatch, capsys):
     p = StepProgress("rl", total=4, start=1)
     p.advance(2, "reward 0.500")
     p.close()
-    line = capsys.readouterr().out.strip()
+    line = capsys.readouterr().err.strip()  # progress and logs share the console on stderr; stdout is results
     assert line.startswith("rl step 2/4 reward 0.500 eta ") and line.endswith("s")
 
 
