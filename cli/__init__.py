@@ -33,6 +33,7 @@ def _env() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' load/save bars would break ours
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # and so would MLflow's
 
 
 def _prefect_api() -> None:
@@ -72,6 +73,8 @@ def _quiet_logs() -> None:
     from hindsight.console import console, route_logs_to_console
 
     route_logs_to_console()
+    for name in ("mlflow", "alembic"):  # "creating initial database tables": not news to a person
+        logging.getLogger(name).setLevel(logging.WARNING)
     loggers = [logging.getLogger()] + [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
                                        if n.startswith("prefect")]
     for handler in {h for lg in loggers for h in lg.handlers}:

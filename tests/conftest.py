@@ -94,7 +94,7 @@ def _one_prefect_server(request):
         yield
 
 
-INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox"}
+INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox", "terminal"}
 
 
 def pytest_collection_modifyitems(config, items):
