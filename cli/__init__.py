@@ -34,6 +34,11 @@ def _env() -> None:
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' load/save bars would break ours
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # and so would MLflow's
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # and TRL's dataset preparation's
+    import warnings
+
+    # TRL 1.16's own configs set the argument transformers 5 renamed: not the user's to fix
+    warnings.filterwarnings("ignore", message=".*`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def _prefect_api() -> None:

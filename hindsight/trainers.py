@@ -43,6 +43,7 @@ def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float
     trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=_lora_config(lora),
                          callbacks=[_MetricCallback(log, "sft")] if log else None)
+    _one_report(trainer)
     result = trainer.train()
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:  # one writer under `accelerate launch`
@@ -78,6 +79,7 @@ def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, 
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
                             callbacks=[_MetricCallback(log, "reward-model")] if log else None)
+    _one_report(trainer)
     result = trainer.train()
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
@@ -108,6 +110,14 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _one_report(trainer) -> None:
+    """With its bar off, the Trainer prints each log as a dict (PrinterCallback); the metric
+    callback already reports every logging step as one line, and sends it to MLflow."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
 
 
 def _metric_callback_base():

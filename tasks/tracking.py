@@ -67,14 +67,22 @@ def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
 _CLIENTS: dict[str, MlflowClient] = {}
 
 
+# MLflow 3's UI opens an experiment without this tag in GenAI mode (a Traces overview, an
+# "Evaluations" breadcrumb); its web app reads `mlflow.experimentKind`, and "finetuning" is one
+# of the kinds it shows as training runs (the Runs table, metrics charts).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "finetuning"}
+
+
 def experiment_id(c: MlflowClient, cfg: PipelineConfig) -> str:
     exp = c.get_experiment_by_name(cfg.tracking.experiment)
     if exp is not None:
+        if "mlflow.experimentKind" not in exp.tags:  # made by an older hindsight, or by hand
+            c.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND["mlflow.experimentKind"])
         return exp.experiment_id
     location = None
     if c.tracking_uri.startswith("sqlite:"):  # keep artifacts beside the embedded store
         location = (Path.cwd() / "mlartifacts").as_uri()
-    return c.create_experiment(cfg.tracking.experiment, artifact_location=location)
+    return c.create_experiment(cfg.tracking.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
 
 
 def store_id(cfg: PipelineConfig) -> str:

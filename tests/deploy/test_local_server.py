@@ -40,7 +40,7 @@ def test_two_pipelines_started_at_once_share_one_local_server(tiny_init, tmp_pat
     try:
         procs = [_cli(["run", "pipeline", "-c", f"{name}.yaml"], tmp_path, env) for name in ("one", "two")]
         outs = [p.communicate(timeout=900) for p in procs]
-        for p, (out, err) in zip(procs, outs):
+        for p, (_out, err) in zip(procs, outs):
             assert p.returncode == 0, err[-3000:]
         started = sum(err.count("started a local Prefect server at") for _, err in outs)
         assert started == 1, [err[-2000:] for _, err in outs]
