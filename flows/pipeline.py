@@ -28,8 +28,8 @@ def pipeline_flow(cfg: PipelineConfig, force: bool = False) -> list[StageResult]
     tracking.log_context(cfg, parent, data_md5)
     summary = []
     try:
-        for _, stage_flow in stages:
-            summary.append(_timed(stage_flow, cfg, force, parent))
+        for spec, stage_flow in stages:
+            summary.append(_timed(stage_flow, cfg, force or _upstream_retrained(spec, cfg, summary), parent))
         for row in summary:
             if row.eval_accuracy is not None:
                 tracking.log_metrics(cfg, parent, {f"{row.stage}/eval_accuracy": row.eval_accuracy}, 0)
@@ -38,6 +38,13 @@ def pipeline_flow(cfg: PipelineConfig, force: bool = False) -> list[StageResult]
         raise
     tracking.end_run(cfg, parent)
     return summary
+
+
+def _upstream_retrained(spec, cfg: PipelineConfig, done: list[StageResult]) -> bool:
+    """RL samples from the SFT policy: when this pipeline has just trained a new SFT version,
+    the stored RL state (sampled from the old one) is set aside and RL trains anew, rather
+    than refusing to resume. A resume after a crash finds SFT cached, and resumes."""
+    return spec is RL and cfg.rl.init is None and any(r.stage == "sft" and not r.cached for r in done)
 
 
 def _timed(stage_flow, cfg: PipelineConfig, force: bool, parent: str) -> StageResult:
