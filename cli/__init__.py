@@ -41,6 +41,19 @@ def _env() -> None:
     warnings.filterwarnings("ignore", message=".*`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+def _no_heartbeats():
+    """Flow-run heartbeats exist for the zombie-run automation of a deployment (docs/deploy.md);
+    under the CLI they only cost each flow's exit a wait of up to a second for the heartbeat
+    thread. Off here unless the user sets a frequency."""
+    from contextlib import nullcontext
+
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if os.environ.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY") or os.environ.get("PREFECT_RUNNER_HEARTBEAT_FREQUENCY"):
+        return nullcontext()
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
 def _prefect_api() -> None:
     """Every flow talks to one long-lived Prefect server (cli/server.py), never a temporary one."""
     from cli.server import ensure_api
@@ -125,7 +138,8 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
             if not debug:
                 _quiet_logs()
             extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
-            result = registry.FLOWS[stage](cfg, force=force, **extra)
+            with _no_heartbeats():
+                result = registry.FLOWS[stage](cfg, force=force, **extra)
         rows = [r.row() for r in (result if isinstance(result, list) else [result])]
         _print_summary(rows)
         _explain_cached(cfg, rows)

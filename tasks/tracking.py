@@ -188,9 +188,7 @@ def stage_run(cfg: PipelineConfig, name: str, parent_run_id: str | None, tags: d
 
 def log_context(cfg: PipelineConfig, run_id: str, data_md5: str | None) -> None:
     """Flattened config, data version, git commit and library versions."""
-    import torch
-    import transformers
-    import trl
+    from importlib.metadata import version
 
     c = client(cfg)
     params = {k: v[:6000] for k, v in flatten(cfg).items()}
@@ -200,8 +198,8 @@ def log_context(cfg: PipelineConfig, run_id: str, data_md5: str | None) -> None:
         _write(cfg, run_id, "params", lambda chunk=chunk: c.log_batch(run_id, params=[Param(k, v) for k, v in chunk.items()]),
                params=chunk)
     set_tags(cfg, run_id, {"data.md5": data_md5 or "unknown", "git.commit": git_commit(),
-                           "version.torch": torch.__version__, "version.transformers": transformers.__version__,
-                           "version.trl": trl.__version__, "version.python": sys.version.split()[0]})
+                           "version.torch": version("torch"), "version.transformers": version("transformers"),
+                           "version.trl": version("trl"), "version.python": sys.version.split()[0]})
 
 
 _PENDING: list = []  # metric batches handed to MLflow's async logger, not yet confirmed written
