@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+from hindsight.chat import normalise_row
 from hindsight.errors import DataError
 
 NAMES = ["Ann", "Bob", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jo"]
@@ -68,6 +69,7 @@ def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
         rows = read_jsonl(source)
     if columns:
         rows = [{columns.get(k, k): v for k, v in r.items()} for r in rows]
+    rows = [normalise_row(r, required) for r in rows]  # conversational columns -> the ones asked for
     for i, row in enumerate(rows):
         where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
         missing = [c for c in required if c not in row]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hindsight.chat import is_conversation, prompt_text
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.logprobs import token_logprobs
@@ -139,7 +140,8 @@ class RolloutWorker:
             n = int(exp.completion_mask[j].sum())
             rows.append({
                 "step": task.step, "index": task.group * size + j, "group": task.group, "round": task.round,
-                "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")), "prompt": src["prompt"],
+                "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")),
+                "prompt": prompt_text(self.tok, src["prompt"]), "conversational": is_conversation(src["prompt"]),
                 "completion": texts[j], "weights_version": self.version,
                 "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
                 "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),

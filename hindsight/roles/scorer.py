@@ -84,7 +84,10 @@ class Scorer:
     def _rewards(self, rows: list[dict]):
         columns = [json.loads(r["columns"]) for r in rows]
         keys = sorted({k for c in columns for k in c})
-        return score_completions(self.rl.rewards, [r["completion"] for r in rows],
+        # a conversation's completion goes to the rewards as the assistant's message, as TRL passes it
+        completions = [[{"role": "assistant", "content": r["completion"]}] if r.get("conversational") else r["completion"]
+                       for r in rows]
+        return score_completions(self.rl.rewards, completions,
                                  {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
                                  self.reward_worker, self.rl.reward_timeout_s, prompts=[r["prompt"] for r in rows],
                                  completion_ids=[list(r["completion_ids"]) for r in rows])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from hindsight.chat import prompt_text
 from hindsight.experience import Experience, pad_left
 from hindsight.logprobs import token_logprobs
 
@@ -21,7 +22,7 @@ def generate(model, tok, prompts: list[str], group_size: int, max_new_tokens: in
     """Sample completions and their behaviour log-probs. Prompts come out in groups of `group_size`."""
     if seed is not None:
         torch.manual_seed(seed)  # per-step seed: a resumed run regenerates the same samples
-    seqs = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     prompt_ids, prompt_mask = pad_left([s for s in seqs for _ in range(group_size)], tok.pad_token_id)
     was_training = model.training
     model.eval()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from hindsight.chat import prompt_text
 from hindsight.experience import Experience, pad_left
 from hindsight.logprobs import cache_kwargs, group_token_logprobs, model_device, output_cache, position_ids
 from hindsight.rollout.hf import completion_mask
@@ -59,7 +60,7 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     """Sample `group_size` completions of each prompt; group i uses seeds[i]. Rows come out in
     groups, prompts left-padded and completions right-padded, as `generate` returns them."""
     dev = model_device(model)
-    seqs = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
     was_training = model.training
     model.eval()

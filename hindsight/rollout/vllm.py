@@ -14,6 +14,7 @@ import importlib.util
 
 import torch
 
+from hindsight.chat import prompt_text
 from hindsight.errors import ConfigError
 from hindsight.experience import Experience, pad_left, pad_right
 
@@ -60,7 +61,7 @@ class VLLMEngine:
 
         params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
                                 logprobs=0, seed=seed)
-        seqs = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
         outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         prompt_rows, completions, logprobs = [], [], []
         for seq, out in zip(seqs, outputs):
