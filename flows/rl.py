@@ -39,7 +39,10 @@ def rl_story(ctx: StageContext) -> StageOutput:
             report = compare_versions(cfg, init_path, cfg.rl.init or model_uri(cfg, "sft"))
             tracking.log_artifact(cfg, run_id, report, "reports")
 
-    return StageOutput(model_dir=policy_dir, eval_accuracy=final_acc, then=compare)
+    tags = {} if not cfg.rl.lora.enabled else {  # the registered folder is the adapter: say what it goes on
+        "hindsight.adapter": f"lora r={cfg.rl.lora.r} alpha={cfg.rl.lora.alpha}",
+        "hindsight.base_model": cfg.rl.init or model_uri(cfg, "sft"), "hindsight.base_path": init_path}
+    return StageOutput(model_dir=policy_dir, eval_accuracy=final_acc, then=compare, tags=tags)
 
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:

@@ -230,6 +230,8 @@ class RLConfig(Strict):
     disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "
                                                     "before the first update (false keeps the checkpoint's dropout)")
     kl: KLConfig = Field(default_factory=KLConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="train a LoRA adapter on the policy (peft); "
+                             "the reference is the base with the adapter off")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
@@ -298,6 +300,10 @@ class RLConfig(Strict):
                              (self.workers.rollout > 1, "workers.rollout > 1")):
                 if bad:
                     raise ValueError(f"async.max_staleness >= 1 runs one sampler process; it does not combine with {why}")
+        if self.lora.enabled and (self.async_.max_staleness or self.workers.placement == "ray"):
+            # the sampler process and the Ray actors load plain weights: LoRA there is not built
+            raise ValueError("lora.enabled trains the adapter in the stage's process: it does not combine with "
+                             "async.max_staleness >= 1 or workers.placement: ray yet")
         return self
 
     def algorithm_settings(self):
@@ -376,6 +382,9 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _batches_divide(self):
         n = self.resources.num_processes
+        if n > 1 and self.rl.lora.enabled:
+            raise ValueError("resources.num_processes > 1 does not support rl.lora yet (the launched update "
+                             "saves and loads full weights)")
         if n > 1 and get_algorithm(self.rl.algorithm).needs_critic:
             raise ValueError(f"resources.num_processes > 1 does not support rl.algorithm {self.rl.algorithm} yet (its "
                              f"critic trains in one process); use a critic-free algorithm, or num_processes: 1")

@@ -41,7 +41,14 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 def cache_kwargs(model, cache) -> dict:
     """The keyword a model's forward takes its KV cache by: `cache` in recent transformers 5.x,
     `past_key_values` before (still accepted, with a deprecation warning per process)."""
-    return {_cache_keyword(type(model)): cache, "use_cache": True}
+    return {_cache_keyword(type(_innermost(model))): cache, "use_cache": True}
+
+
+def _innermost(model):
+    """The transformers model under wrappers that pass keywords through (a PEFT adapter model,
+    the LoRA reference view): its forward's signature decides the keyword."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 @lru_cache(maxsize=None)

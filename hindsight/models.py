@@ -121,8 +121,15 @@ def default_device() -> torch.device:
 
 
 def load_causal_lm(path: str, dtype: str = "float32"):
+    """A causal LM; a LoRA adapter folder (an RL policy trained with `rl.lora`) loads on its base
+    and is merged, so it evaluates and fine-tunes like any model."""
     from transformers import AutoModelForCausalLM
 
+    from hindsight.lora import adapter_base, is_adapter_dir, load_adapter
+
+    if is_adapter_dir(path):
+        base = load_causal_lm(adapter_base(path), dtype)
+        return _loading(path, "LoRA adapter", lambda: load_adapter(base, path, trainable=False).merge_and_unload())
     return _loading(path, "model", lambda: AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype)).to(default_device()))
 

@@ -27,6 +27,7 @@ from hindsight.history import MetricsLog, truncate_rows_after
 from hindsight.fingerprint import run_fingerprint
 from hindsight.resume import lr_multiplier, prepare_resume
 from hindsight.learner import learner_settings, update
+from hindsight.lora import AdapterDisabled, load_adapter, with_adapter
 from hindsight.metrics import peak_memory, rollout_metrics
 from hindsight.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.reward_worker import RewardWorker
@@ -58,11 +59,13 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
         self.fingerprint = run_fingerprint(cfg, init_path, rm_path, reward_source_hash)
         self.resume_changes = prepare_resume(self.dir, self.fingerprint, start or 0, self.rl.steps)
         policy_path = str(self.ckpt.policy_dir(start)) if start else init_path
-        self.policy = load_causal_lm(policy_path, cfg.model.dtype)
+        self.policy = self._load_policy(policy_path, start)
         if self.rl.disable_dropout:
             disable_dropout(self.policy)
         local = self.rl.workers.placement == "local"  # else the scorer actors hold the reference and reward model
-        self.ref = load_causal_lm(init_path, cfg.model.dtype).eval() if local and self.rl.kl.coef > 0 else None
+        self.ref = None
+        if local and self.rl.kl.coef > 0:  # with LoRA, the base under the policy's adapter: no second copy
+            self.ref = AdapterDisabled(self.policy) if self.rl.lora.enabled else load_causal_lm(init_path, cfg.model.dtype).eval()
         self.rm = load_reward_model(rm_path).eval() if local and rm_path and self.rl.reward_model_weight > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=self.rl.lr, weight_decay=0.0)
         self.lr_multiplier = 1.0  # the product of every `lower_lr` alert's factor so far
@@ -92,6 +95,14 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
+
+    def _load_policy(self, policy_path: str, start: int | None):
+        """The full model, or with `rl.lora` the init model plus an adapter (the checkpoint's on resume)."""
+        if not self.rl.lora.enabled:
+            return load_causal_lm(policy_path, self.cfg.model.dtype)
+        base = load_causal_lm(self.init_path, self.cfg.model.dtype)
+        torch.manual_seed(self.cfg.seed)  # a fresh adapter starts the same way every run
+        return load_adapter(base, policy_path) if start else with_adapter(base, self.rl.lora)
 
     def _load_critic(self, start: int | None, init_path: str, rm_path: str | None):
         """The value model of an algorithm with a critic (PPO): from the checkpoint on resume,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,6 +42,7 @@ class StageOutput:
     model_dir: Path                        # the checkpoint folder to register
     eval_accuracy: float | None = None
     then: Callable[[str], None] | None = None  # runs with the run id once the model is registered
+    tags: dict[str, str] = field(default_factory=dict)  # on the registered version (a LoRA adapter's base)
 
 
 @dataclass(frozen=True, kw_only=True)

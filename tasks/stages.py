@@ -28,7 +28,7 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
         out = spec.story(StageContext(cfg=cfg, inputs=inputs, run_id=run_id,
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
         name = model_name(cfg, spec.registers)
-        version = tracking.register(cfg, run_id, out.model_dir, name)
+        version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
         if out.then is not None and version != tracking.SPOOLED:  # `then` reads the registry
             out.then(run_id)
         tracking.end_run(cfg, run_id)

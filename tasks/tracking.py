@@ -158,7 +158,7 @@ def _apply(op: dict):
     elif kind == "text":
         c.log_text(run_id, op["text"], op["artifact_file"])
     elif kind == "register":
-        return _register(c, run_id, op["local_dir"], op["model_name"], tuple(op["aliases"]))
+        return _register(c, run_id, op["local_dir"], op["model_name"], tuple(op["aliases"]), op.get("tags"))
     elif kind == "terminate":
         c.set_terminated(run_id, status=op["status"])
     else:
@@ -276,28 +276,30 @@ def git_commit() -> str:
 
 
 def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name: str,
-             aliases: tuple[str, ...] = ()) -> str:
+             aliases: tuple[str, ...] = (), tags: dict | None = None) -> str:
     """Log a checkpoint folder as run artifacts and register it; returns the version.
 
     MLflow reserves `@latest` and resolves it to the newest version itself, so `X@latest`
     always means the version registered last.
     """
-    version = _write(cfg, run_id, "register", lambda: _register(client(cfg), run_id, local_dir, model_name, aliases),
-                     local_dir=str(local_dir), model_name=model_name, aliases=list(aliases))
+    tags = dict(tags or {})
+    version = _write(cfg, run_id, "register", lambda: _register(client(cfg), run_id, local_dir, model_name, aliases, tags),
+                     local_dir=str(local_dir), model_name=model_name, aliases=list(aliases), tags=tags)
     return SPOOLED if version is None else version
 
 
 SPOOLED = "spooled"  # the version of a registration waiting in the spool
 
 
-def _register(c: MlflowClient, run_id: str, local_dir: str | Path, model_name: str, aliases: tuple[str, ...]) -> str:
+def _register(c: MlflowClient, run_id: str, local_dir: str | Path, model_name: str, aliases: tuple[str, ...],
+              tags: dict | None = None) -> str:
     c.log_artifacts(run_id, str(local_dir), artifact_path="checkpoint")
     source = f"{c.get_run(run_id).info.artifact_uri}/checkpoint"
     try:
         c.get_registered_model(model_name)
     except MlflowException:
         c.create_registered_model(model_name)
-    mv = c.create_model_version(model_name, source, run_id=run_id)
+    mv = c.create_model_version(model_name, source, run_id=run_id, tags=tags or None)
     for alias in aliases:
         c.set_registered_model_alias(model_name, alias, mv.version)
     return mv.version

@@ -17,6 +17,7 @@ import torch
 from hindsight.chat import prompt_text
 from hindsight.errors import ConfigError
 from hindsight.experience import Experience, pad_left, pad_right
+from hindsight.lora import engine_parameters
 
 
 def vllm_problem() -> str | None:
@@ -44,7 +45,7 @@ class VLLMEngine:
 
     def load_weights(self, model) -> None:
         """Push the policy's current weights into the resident engine (no restart, no disk)."""
-        weights = [(name, p.detach()) for name, p in model.named_parameters()]
+        weights = engine_parameters(model)  # a LoRA policy's merged weights
         runner_model = _in_process_model(self.llm)
         if runner_model is not None:
             runner_model.load_weights(weights)
