@@ -35,6 +35,7 @@ def _env() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' load/save bars would break ours
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # and so would MLflow's
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # and TRL's dataset preparation's
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its links open the GenAI view: ours say where
     import warnings
 
     # TRL 1.16's own configs set the argument transformers 5 renamed: not the user's to fix
@@ -143,6 +144,7 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
         rows = [r.row() for r in (result if isinstance(result, list) else [result])]
         _print_summary(rows)
         _explain_cached(cfg, rows)
+        _where_to_look(cfg)
         if result_json:
             import json
 
@@ -164,6 +166,21 @@ def _print_summary(rows: list[dict]) -> None:
         table.add_row(r["stage"], f"{r['wall_s']:.1f}s", "-" if acc is None else f"{acc:.3f}",
                       f"{r['model']} v{r['version']}", "yes" if r.get("cached") else "no")
     Console(width=120).print(table)
+
+
+def _where_to_look(cfg) -> None:
+    """The MLflow UI link for these runs, in its model-training view (see tasks/tracking.py)."""
+    from tasks.tracking import client, experiment_id, tracking_uri, ui_url
+
+    uri = tracking_uri(cfg)
+    try:
+        exp = experiment_id(client(cfg), cfg)
+    except Exception:  # only a pointer; the registry may be unreachable
+        return
+    if uri.startswith(("http://", "https://")):
+        typer.echo(f"MLflow: {ui_url(uri, exp)}")
+    else:
+        typer.echo(f"MLflow: `mlflow ui --backend-store-uri {uri}`, then {ui_url('http://127.0.0.1:5000', exp)}")
 
 
 def _explain_cached(cfg, rows: list[dict]) -> None:

@@ -67,10 +67,20 @@ def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
 _CLIENTS: dict[str, MlflowClient] = {}
 
 
-# MLflow 3's UI opens an experiment without this tag in GenAI mode (a Traces overview, an
-# "Evaluations" breadcrumb); its web app reads `mlflow.experimentKind`, and "finetuning" is one
-# of the kinds it shows as training runs (the Runs table, metrics charts).
+# How MLflow 3.17's web app decides an experiment's kind: from the app-wide "workflow type"
+# (GenAI or model training; browser local storage `mlflow.workflowType`, default GenAI),
+# overridden by the `workflowType` URL parameter. Its per-experiment tag
+# `mlflow.experimentKind` is read only when that switch is off (never, in 3.17). So the
+# experiment carries the tag (for the versions that read it) and every link hindsight prints
+# carries `?workflowType=machine_learning` (`ui_url`): the Runs table, not a Traces overview.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "finetuning"}
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_url(server: str, experiment_id: str | None = None, model: str | None = None) -> str:
+    """A link into the MLflow UI that opens in its model-training view."""
+    route = f"models/{model}" if model else f"experiments/{experiment_id}"
+    return f"{server.rstrip('/')}/#/{route}?{TRAINING_VIEW}"
 
 
 def experiment_id(c: MlflowClient, cfg: PipelineConfig) -> str:
