@@ -7,17 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.configs import rl_only, write
+
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = """
-name: {name}
-seed: 0
-model: {{base: tiny://demo}}
-sft: {{enabled: false}}
-reward_model: {{enabled: false}}
-data: {{dir: {data}, dvc_file: null, build_demo: false, prompts: {data}/prompts.jsonl, eval: {data}/eval.jsonl}}
-rl: {{init: {init}, steps: 2, prompts_per_step: 2, samples_per_prompt: 2, rollout: {{max_new_tokens: 3}}}}
-eval: {{limit: 4, max_new_tokens: 3}}
-"""
 
 
 def _env(tmp_path):
@@ -36,7 +28,7 @@ def test_two_pipelines_started_at_once_share_one_local_server(tiny_init, tmp_pat
     work, init = tiny_init
     env = _env(tmp_path)
     for name in ("one", "two"):
-        (tmp_path / f"{name}.yaml").write_text(CONFIG.format(name=name, data=work / "data", init=init))
+        write(tmp_path / f"{name}.yaml", rl_only(name, work / "data", init))
     try:
         procs = [_cli(["run", "pipeline", "-c", f"{name}.yaml"], tmp_path, env) for name in ("one", "two")]
         outs = [p.communicate(timeout=900) for p in procs]

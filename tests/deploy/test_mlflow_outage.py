@@ -11,30 +11,11 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from tests.configs import rl_only, write
 from tests.conftest import _free_port, served
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
-CONFIG = """
-name: outage
-seed: 0
-model: {{base: tiny://demo}}
-sft: {{enabled: false}}
-reward_model: {{enabled: false}}
-data: {{dir: {data}, dvc_file: null, build_demo: false, prompts: {data}/prompts.jsonl, eval: {data}/eval.jsonl}}
-rl:
-  init: {init}
-  steps: {steps}
-  prompts_per_step: 4
-  samples_per_prompt: 4
-  kl: {{coef: 0.0}}
-  rollout: {{max_new_tokens: 4}}
-  eval_every: 100
-  save_every: 10
-  report_every: 10
-eval: {{limit: 8, max_new_tokens: 4}}
-retries: {{count: 0}}
-"""
 
 
 def _mlflow(home: Path, port: int):
@@ -51,7 +32,9 @@ def _steps_logged(metrics_file: Path) -> int:
 
 def test_killing_the_mlflow_server_mid_run_loses_nothing_after_sync(tiny_init, prefect_api, tmp_path):
     work, init = tiny_init
-    (tmp_path / "rl.yaml").write_text(CONFIG.format(data=work / "data", init=init, steps=STEPS))
+    write(tmp_path / "rl.yaml", rl_only("outage", work / "data", init, steps=STEPS, prompts_per_step=4,
+                                        samples_per_prompt=4, kl={"coef": 0.0}, eval_every=100, save_every=10,
+                                        report_every=10, rollout={"max_new_tokens": 4}) | {"retries": {"count": 0}})
     home, port = tmp_path / "mlflow", _free_port()
     home.mkdir()
     url = f"http://127.0.0.1:{port}"

@@ -8,23 +8,14 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
+from tests.configs import rl_only, write
+
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = """
-name: lora
-seed: 0
-model: {{base: tiny://demo}}
-sft: {{enabled: false}}
-reward_model: {{enabled: false}}
-data: {{dir: {data}, dvc_file: null, build_demo: false, prompts: {data}/prompts.jsonl, eval: {data}/eval.jsonl}}
-rl: {{init: {init}, steps: 2, prompts_per_step: 2, samples_per_prompt: 2, rollout: {{max_new_tokens: 3}},
-      lora: {{enabled: true, r: 4, alpha: 8}}}}
-eval: {{limit: 4, max_new_tokens: 3}}
-"""
 
 
 def test_a_lora_policy_is_registered_as_its_adapter_with_the_base_recorded(tiny_init, tmp_path, monkeypatch):
     work, init = tiny_init
-    (tmp_path / "rl.yaml").write_text(CONFIG.format(data=work / "data", init=init))
+    write(tmp_path / "rl.yaml", rl_only("lora", work / "data", init, lora={"enabled": True, "r": 4, "alpha": 8}))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-m", "cli", "run", "rl", "-c", "rl.yaml"], cwd=tmp_path, env=env,

@@ -7,32 +7,18 @@ import sys
 import time
 from pathlib import Path
 
+from tests.configs import rl_only, write
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
-CONFIG = """
-name: tty
-seed: 0
-model: {{base: tiny://demo}}
-sft: {{enabled: false}}
-reward_model: {{enabled: false}}
-data: {{dir: {data}, dvc_file: null, build_demo: false, prompts: {data}/prompts.jsonl, eval: {data}/eval.jsonl}}
-rl:
-  init: {init}
-  steps: {steps}
-  prompts_per_step: 4
-  samples_per_prompt: 4
-  rollout: {{max_new_tokens: 4}}
-  eval_every: 4
-  save_every: 2
-  alerts: [{{rule: kl_high, threshold: -1.0, action: warn}}]
-eval: {{limit: 8, max_new_tokens: 4}}
-"""
 
 
 def test_one_progress_bar_in_a_tmux_pane(tiny_init, tmp_path):
     assert shutil.which("tmux"), "tmux is needed (.ci/run installs it)"
     work, init = tiny_init
-    (tmp_path / "rl.yaml").write_text(CONFIG.format(data=work / "data", init=init, steps=STEPS))
+    write(tmp_path / "rl.yaml", rl_only("tty", work / "data", init, steps=STEPS, prompts_per_step=4, samples_per_prompt=4,
+                                        eval_every=4, save_every=2, rollout={"max_new_tokens": 4},
+                                        alerts=[{"rule": "kl_high", "threshold": -1.0, "action": "warn"}]))
     session = f"hindsight-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "TMUX")}
     env.update({"PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
