@@ -18,12 +18,13 @@ data_app = typer.Typer(no_args_is_help=True, help="Demo data.")
 app.add_typer(run_app, name="run")
 app.add_typer(data_app, name="data")
 
-ConfigOpt = typer.Option(..., "-c", "--config", help="pipeline YAML (see configs/)")
-SetOpt = typer.Option(None, "--set", help="override a key: --set rl.steps=5 (repeatable)")
+# typer 0.29 prints a flag's type as `<bool>` (as if it took a value): an empty metavar says it does not
+ConfigOpt = typer.Option(..., "-c", "--config", help="pipeline YAML (see configs/)", metavar="PATH")
+SetOpt = typer.Option(None, "--set", help="override a key: --set rl.steps=5 (repeatable)", metavar="KEY=VALUE")
 ForceOpt = typer.Option(False, "--force", help="retrain: ignore the cache and move the stage's old state aside "
-                                                "(kept under RUN_DIR/STAGE.old-TIME), never resuming from it")
-DebugOpt = typer.Option(False, "--debug", help="show full tracebacks")
-NewRunOpt = typer.Option(False, "--force-new-run", help="the same as --force (kept for older scripts)")
+                                                "(kept under RUN_DIR/STAGE.old-TIME), never resuming from it", metavar="")
+DebugOpt = typer.Option(False, "--debug", help="show full tracebacks", metavar="")
+NewRunOpt = typer.Option(False, "--force-new-run", help="the same as --force (kept for older scripts)", metavar="")
 
 
 def _env() -> None:

@@ -25,26 +25,41 @@ def _png(plt, fig) -> bytes:
     return buf.getvalue()
 
 
+def reward_band(history: list[dict]) -> tuple[list, list, list, list]:
+    """(steps, mean, lower, upper): mean ± std, clipped to each step's observed min..max."""
+    out = ([], [], [], [])
+    for h in history:
+        if "reward/mean" not in h:
+            continue
+        m, s = as_float(h["reward/mean"]), as_float(h.get("reward/std", 0.0))
+        lo, hi = as_float(h.get("reward/min", m - s)), as_float(h.get("reward/max", m + s))
+        for column, value in zip(out, (h["step"], m, max(m - s, lo), min(m + s, hi))):
+            column.append(value)
+    return out
+
+
 def reward_curve(history: list[dict], title: str = "reward and accuracy") -> bytes:
-    """Mean reward with a one-std band per step, and held-out accuracy on its own axis."""
+    """Mean reward with a one-std band per step (clipped to the step's reward range: a reward in
+    [0, 1] never shows a band below 0), and held-out accuracy on its own axis; the legend sits
+    under the plot, where it covers no curve."""
     plt, (fig, ax) = _figure()
-    pts = [(h["step"], as_float(h["reward/mean"]), as_float(h.get("reward/std", 0.0)))
-           for h in history if "reward/mean" in h]
-    if pts:
-        steps, mean, std = zip(*pts)
+    steps, mean, lower, upper = reward_band(history)
+    if steps:
         ax.plot(steps, mean, color="#0969da", label="reward/mean")
-        ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                        color="#0969da", alpha=0.15, label="± std")
+        ax.fill_between(steps, lower, upper, color="#0969da", alpha=0.15, label="± std (within min..max)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     acc = [(h["step"], as_float(h["eval/accuracy"])) for h in history if "eval/accuracy" in h]
+    handles, labels = ax.get_legend_handles_labels()
     if acc:
         ax2 = ax.twinx()
         ax2.plot(*zip(*acc), "o-", color="#1a7f37", label="eval/accuracy")
         ax2.set_ylabel("eval/accuracy")
         ax2.set_ylim(-0.02, 1.02)
-        ax2.legend(loc="lower right")
-    ax.legend(loc="upper left")
+        more = ax2.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if handles:
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
     ax.set_title(title)
     return _png(plt, fig)
 

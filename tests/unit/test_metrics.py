@@ -46,3 +46,15 @@ def test_metrics_log_merges_steps_skips_a_torn_line_and_truncates(tmp_path):
     assert rows[1]["kl"] == 0.15 and rows[1]["loss"] == "nan"
     log.truncate_after(1)
     assert [r["step"] for r in log.read()] == [0, 1]
+
+
+def test_the_reward_band_stays_within_the_observed_rewards():
+    from hindsight.plots import reward_band, reward_curve
+
+    history = [{"step": 1, "reward/mean": 0.1, "reward/std": 0.3, "reward/min": 0.0, "reward/max": 1.0},
+               {"step": 2, "reward/mean": 0.9, "reward/std": 0.3, "reward/min": 0.0, "reward/max": 1.0},
+               {"step": 3, "eval/accuracy": 0.5}]
+    steps, mean, lower, upper = reward_band(history)
+    assert steps == [1, 2] and mean == [0.1, 0.9]
+    assert lower == pytest.approx([0.0, 0.6]) and upper == pytest.approx([0.4, 1.0])  # 0.1 - 0.3, 0.9 + 0.3: clipped
+    assert reward_curve(history)[:4] == b"\x89PNG"
