@@ -143,9 +143,11 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
             with _no_heartbeats():
                 result = registry.FLOWS[stage](cfg, force=force, **extra)
         rows = [r.row() for r in (result if isinstance(result, list) else [result])]
-        _print_summary(rows)
-        _explain_cached(cfg, rows)
-        _where_to_look(cfg)
+        from cli.summary import explain_cached, print_summary, where_to_look
+
+        print_summary(rows)
+        explain_cached(cfg, rows)
+        where_to_look(cfg)
         if result_json:
             import json
 
@@ -153,54 +155,6 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
         return result
 
     return _guard(go, debug)
-
-
-def _print_summary(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="hindsight summary")
-    for col in ("stage", "wall time", "eval/accuracy", "registered", "cached"):
-        table.add_column(col)
-    for r in rows:
-        acc = r.get("eval/accuracy")
-        table.add_row(r["stage"], f"{r['wall_s']:.1f}s", "-" if acc is None else f"{acc:.3f}",
-                      f"{r['model']} v{r['version']}", "yes" if r.get("cached") else "no")
-    Console(width=120).print(table)
-
-
-def _where_to_look(cfg) -> None:
-    """The MLflow UI link for these runs, in its model-training view (see tasks/tracking.py)."""
-    from tasks.tracking import client, experiment_id, tracking_uri, ui_url
-
-    uri = tracking_uri(cfg)
-    try:
-        exp = experiment_id(client(cfg), cfg)
-    except Exception:  # only a pointer; the registry may be unreachable
-        return
-    if uri.startswith(("http://", "https://")):
-        typer.echo(f"MLflow: {ui_url(uri, exp)}")
-    else:
-        typer.echo(f"MLflow: `mlflow ui --backend-store-uri {uri}`, then {ui_url('http://127.0.0.1:5000', exp)}")
-
-
-def _explain_cached(cfg, rows: list[dict]) -> None:
-    """A cached stage registered nothing now: say which earlier version it is, and when a
-    later version holds @latest, that it is not the one this config produced."""
-    from tasks.tracking import client
-
-    for r in rows:
-        if not r.get("cached"):
-            continue
-        try:
-            latest = client(cfg).get_model_version_by_alias(r["model"], "latest").version
-        except Exception:  # the registry is only asked to explain; it may be unreachable
-            latest = None
-        note = f"{r['stage']}: cached, so nothing was trained or registered now: {r['model']} v{r['version']} is the " \
-               f"version an earlier run registered for these same inputs (MLflow run {r['run_id']})"
-        if latest is not None and str(latest) != str(r["version"]):
-            note += f"; @latest is v{latest}, registered since by other inputs"
-        typer.echo(note)
 
 
 @run_app.command("sft")
