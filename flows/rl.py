@@ -11,6 +11,7 @@ from flows.common import run_declared, transient
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.errors import AlertStop
+from hindsight.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from tasks import tracking
@@ -25,6 +26,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
     key = open_run(cfg, ctx.inputs["rl.init"], ctx.inputs["reward_model"])
     try:
         run = get_run(key)
+        check_not_finished(run.dir, run.start_step, cfg.rl.steps)
         tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
         _announce_resume(cfg, run_id, run)
         _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})

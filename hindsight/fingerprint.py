@@ -103,7 +103,13 @@ def check_resume(changes: Changes, run_dir: Path, start: int, steps: int) -> Non
         raise CheckpointError(f"{run_dir}: the run finished at step {start} under other settings "
                               f"({changes.describe(*SECTIONS)}); nothing was trained or registered: rerun with "
                               f"--force to move it aside and train anew, or use another run_dir")
-    if start >= steps:  # a cache miss on a finished run (the code or the MLflow store changed)
+
+
+
+def check_not_finished(run_dir: Path, start: int, steps: int) -> None:
+    """The RL stage on a run that has finished (a cache miss: the code or the MLflow store
+    changed) would train nothing and register the old weights as a new version: refused."""
+    if start >= steps:
         raise CheckpointError(f"{run_dir}: the run already finished at step {start}; nothing to train, so nothing "
                               f"is registered again: rerun with --force to retrain it from its inputs, raise "
                               f"rl.steps to train on, or use another run_dir")

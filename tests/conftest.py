@@ -83,6 +83,28 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _mlflow_uris_stay_put():
+    """mlflow.set_tracking_uri / set_registry_uri (called by our tracking client in-process) also
+    set MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI in os.environ: a later test's subprocesses and
+    MlflowClients would follow them to this test's (deleted, or stopped) store."""
+    keys = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    before = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    import sys
+
+    if "mlflow" in sys.modules:  # and the module globals a client without explicit URIs falls back on
+        from mlflow.tracking._model_registry import utils as registry_utils
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+
+        tracking_utils._tracking_uri, registry_utils._registry_uri = None, None
+
+
+@pytest.fixture(autouse=True)
 def _one_prefect_server(request):
     """An integration test's CLI subprocesses (which copy os.environ) all talk to the session's
     one Prefect server: never a server per command, none left running after the session."""

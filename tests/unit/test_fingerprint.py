@@ -6,6 +6,7 @@ import json
 import pytest
 
 from hindsight.errors import CheckpointError
+from hindsight.fingerprint import check_not_finished
 from hindsight.rl import RLRun
 from test_correctness import _rl_cfg, _tiny
 
@@ -89,6 +90,8 @@ def test_a_finished_run_is_not_resumed_under_other_settings(tmp_path):
     for changed in ({"lr": 2e-3}, {"kl": {"coef": 0.1}}):
         with pytest.raises(CheckpointError, match="finished at step 1 under other settings.*nothing was trained or registered"):
             RLRun(_rl_cfg(tmp_path, steps=1, **{"lr": 1e-3, **changed}), init, None)
+    same = RLRun(_rl_cfg(tmp_path, steps=1, lr=1e-3), init, None)  # the same settings: opens (for a report)...
     with pytest.raises(CheckpointError, match="already finished at step 1; nothing to train, so nothing is registered"):
-        RLRun(_rl_cfg(tmp_path, steps=1, lr=1e-3), init, None)  # the same settings, on a cache miss
+        check_not_finished(same.dir, same.start_step, 1)  # ...but the stage refuses to register it again
+    same.close()
     RLRun(_rl_cfg(tmp_path, steps=2, lr=1e-3), init, None).close()  # more steps: it trains on
