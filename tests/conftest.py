@@ -104,11 +104,12 @@ def _mlflow_uris_stay_put():
         tracking_utils._tracking_uri, registry_utils._registry_uri = None, None
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def _one_prefect_server(request):
-    """An integration test's CLI subprocesses (which copy os.environ) all talk to the session's
-    one Prefect server: never a server per command, none left running after the session."""
-    if request.node.get_closest_marker("integration") is None:
+    """Integration tests' CLI subprocesses (which copy os.environ) all talk to the session's one
+    Prefect server: never a server per command, none left running after the session. Session
+    scope, so it is in os.environ before any module fixture copies the environment."""
+    if not any(item.get_closest_marker("integration") for item in request.session.items):
         yield
         return
     with pytest.MonkeyPatch.context() as mp:
