@@ -16,7 +16,6 @@ version is moved under `corrupt/` and the newest intact one is used instead.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
@@ -28,18 +27,10 @@ import torch
 
 from hindsight.errors import CheckpointError
 from hindsight.faults import crash_point
-from hindsight.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, read_json
+from hindsight.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, file_sha256, read_json
 
 log = logging.getLogger("hindsight.checkpoint")
 _COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class CheckpointManager:
@@ -99,7 +90,7 @@ class CheckpointManager:
         return out
 
     def _checksums(self, step: int) -> dict[str, str]:
-        return {str(p.relative_to(self.root)): _sha256(p) for p in self._files(step)}
+        return {str(p.relative_to(self.root)): file_sha256(p) for p in self._files(step)}
 
     def intact_step(self) -> int | None:
         """The newest version whose files all match their recorded sha256. Corrupt newer versions
@@ -111,7 +102,7 @@ class CheckpointManager:
         problems = []
         for step in sorted(map(int, versions), reverse=True):
             bad = [rel for rel, want in versions[str(step)].items()
-                   if not (self.root / rel).is_file() or _sha256(self.root / rel) != want]
+                   if not (self.root / rel).is_file() or file_sha256(self.root / rel) != want]
             if not bad:
                 if step != manifest.get("step"):
                     self._fall_back(manifest, step, problems)

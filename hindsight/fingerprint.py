@@ -13,26 +13,15 @@ named for), and applies a training change from the resume step on, recording it.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hindsight.errors import CheckpointError
+from hindsight.fsutil import file_sha256
 
 SECTIONS = ("sampling", "algorithm", "scoring", "training")
 _TRAINING = ("lr", "clip_eps_low", "clip_eps_high", "clip_ratio_c", "loss_agg", "num_iterations", "max_grad_norm",
              "entropy_coef", "disable_dropout")
-
-
-def file_sha256(path: str | Path) -> str | None:
-    p = Path(path)
-    if not p.is_file():
-        return None
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash) -> dict[str, dict]:

@@ -6,6 +6,8 @@ fails (a full disk) removes its temporary file and raises `StorageError` naming 
 """
 from __future__ import annotations
 
+import hashlib
+
 import errno
 import json
 import os
@@ -91,3 +93,16 @@ def append_line(path: Path, line: str) -> None:
             fh.write(line.rstrip("\n") + "\n")
     except OSError as exc:
         raise _storage_error(path, exc) from exc
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """The hex sha256 of a file, read in 1 MiB blocks (a checkpoint or dataset may be large);
+    None when it is not a file."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
+from hindsight.fsutil import file_sha256
 from hindsight.scoring import check_reward
 
 
@@ -139,9 +140,5 @@ def _external_file_hash(cfg: PipelineConfig, path: str) -> str | None:
     p, data_dir = Path(path).resolve(), Path(cfg.data.dir).resolve()
     if data_dir in p.parents or not p.is_file():
         return None
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+    return file_sha256(p)[:16]
 
