@@ -7,6 +7,7 @@ spools it in the run directory while the server is unreachable (tasks/spool.py).
 from __future__ import annotations
 
 import atexit
+from concurrent.futures import ThreadPoolExecutor
 import os
 from contextlib import contextmanager
 import subprocess
@@ -212,13 +213,18 @@ def log_context(cfg: PipelineConfig, run_id: str, data_md5: str | None) -> None:
                            "version.trl": version("trl"), "version.python": sys.version.split()[0]})
 
 
-_PENDING: list = []  # metric batches handed to MLflow's async logger, not yet confirmed written
+_PENDING: list = []  # metric writes handed to the writer thread, not yet confirmed written
+# One writer thread of our own, not MLflow's async logging: MLflow's logger polls its queue with
+# a 1 s timeout, so each run's end (`set_terminated` shuts it down) and the process's exit
+# waited up to a second for it, and its buffered mode deadlocks in 3.17. One worker keeps the
+# writes in order; the executor's own exit hook drains it, so no metric is lost at exit.
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hindsight-metrics")
 
 
 def log_metrics(cfg: PipelineConfig, run_id: str, metrics: dict[str, float], step: int) -> None:
-    """Queue the step's metrics (MLflow's async logging): the training loop does not wait for
-    the tracking store. `flush_metrics` waits for them; `end_run` calls it, so a run never
-    ends with a metric missing, and a write that failed raises there."""
+    """Queue the step's metrics: the training loop does not wait for the tracking store.
+    `flush_metrics` waits for them; `end_run` calls it, so a run never ends with a metric
+    missing, and a write that failed raises there."""
     import time
 
     now = int(time.time() * 1000)
@@ -226,8 +232,8 @@ def log_metrics(cfg: PipelineConfig, run_id: str, metrics: dict[str, float], ste
     if not batch:
         return
     rows = [[m.key, m.value, m.timestamp, m.step] for m in batch]
-    op = _write(cfg, run_id, "metrics", lambda: client(cfg).log_batch(run_id, metrics=batch, synchronous=False),
-                metrics=rows)
+    c = client(cfg)
+    op = _write(cfg, run_id, "metrics", lambda: _WRITER.submit(c.log_batch, run_id, metrics=batch), metrics=rows)
     if op is not None:
         _PENDING.append((op, cfg, run_id, rows))
 
@@ -237,7 +243,7 @@ def flush_metrics() -> None:
     while _PENDING:
         op, cfg, run_id, rows = _PENDING.pop(0)
         try:
-            op.wait()
+            op.result()
         except Exception as exc:
             if not unreachable(exc):
                 raise
