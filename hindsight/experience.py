@@ -48,26 +48,30 @@ class Experience:
         return self.prompt_ids.size(0)
 
 
+def _lengths_mask(seqs: list[list], width: int, left: bool) -> torch.Tensor:
+    lengths = torch.tensor([len(s) for s in seqs])                     # (B,)
+    cols = torch.arange(width)[None, :]                                # (1, W)
+    if left:
+        return cols >= (width - lengths)[:, None]                      # (B, W) bool
+    return cols < lengths[:, None]                                     # (B, W) bool
+
+
+def _pad(seqs: list[list], pad, dtype, left: bool, min_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tensor from all values at once, scattered through the mask (row-major, like the
+    concatenated rows): a tensor per row cost ~1 ms a batch, paid several times a step."""
+    width = max(min_width, max(len(s) for s in seqs))
+    keep = _lengths_mask(seqs, width, left)                            # (B, W)
+    out = torch.full((len(seqs), width), pad, dtype=dtype)             # (B, W)
+    out[keep] = torch.tensor([v for s in seqs for v in s], dtype=dtype)
+    return out, keep.long()
+
+
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)     # (B, W)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)           # (B, W)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
-    return ids, mask
+    return _pad(seqs, pad_id, torch.long, left=True, min_width=0)
 
 
 def pad_right(seqs: list[list[float]], pad, dtype=torch.long) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(s) for s in seqs))
-    out = torch.full((len(seqs), width), pad, dtype=dtype)             # (B, W)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)           # (B, W)
-    for i, s in enumerate(seqs):
-        if s:
-            out[i, : len(s)] = torch.tensor(s, dtype=dtype)
-            mask[i, : len(s)] = 1
-    return out, mask
+    return _pad(seqs, pad, dtype, left=False, min_width=1)
 
 
 def experience_from_rows(rows: list[dict], pad_id: int, group_size: int, scores: list[dict] | None = None) -> Experience:

@@ -178,8 +178,8 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
         self.ledger.open(step, [t.group for t in tasks])
         self.ledger.take_back(step)  # leases of an interrupted attempt (a Prefect task retry) are void
         entries = self.ledger.read(step)
-        written = [t.group for t in tasks if entries[t.group].state == "pending"
-                   and self.store.has_part("rollouts", step, t.group)]
+        parts = self.store.with_parts("rollouts", step, [t.group for t in tasks])
+        written = [t.group for t in tasks if entries[t.group].state == "pending" and t.group in parts]
         if written:
             self.ledger.move(step, written, "sealed")
         return [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
@@ -218,7 +218,8 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
 
     def _score_groups(self, step: int, groups: list[int]) -> None:
         """Groups without a score part go to the scorers; their reward failures are counted."""
-        todo = [g for g in groups if not self.store.has_part("scores", step, g)]
+        done = self.store.with_parts("scores", step, groups)
+        todo = [g for g in groups if g not in done]
         counts = self._failures.setdefault(step, {})
         if self.scorer_pool is not None and todo:
             results = [self.scorer_pool.dispatch(step, todo, self.store)]

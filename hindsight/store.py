@@ -118,11 +118,22 @@ class RolloutStore:
         found = (_BATCH.match(p.name) for p in folder.glob("batch-*.parquet")) if folder.exists() else ()
         return {folder / m.group(0): (int(m.group(1)), int(m.group(2))) for m in found if m}
 
+    def _files_of(self, component: str, step: int, groups: list[int]) -> dict[int, Path | None]:
+        """The part file holding each group, from one listing of the step's part folder."""
+        folder = self._part_dir(component, step)
+        names = {p.name for p in folder.iterdir()} if folder.exists() else set()
+        batches = [(int(m.group(1)), int(m.group(2)), m.group(0)) for m in map(_BATCH.match, names) if m]
+        out: dict[int, Path | None] = {}
+        for g in groups:
+            single = f"group-{g:05d}.parquet"
+            if single in names:
+                out[g] = folder / single
+            else:
+                out[g] = next((folder / name for a, b, name in batches if a <= g <= b), None)
+        return out
+
     def _file_of(self, component: str, step: int, group: int) -> Path | None:
-        single = self.part_path(component, step, group)
-        if single.exists():
-            return single
-        return next((p for p, (a, b) in self._batch_parts(component, step).items() if a <= group <= b), None)
+        return self._files_of(component, step, [group])[group]
 
     def write_part(self, component: str, step: int, group: int, rows: list[dict]) -> Path:
         return self._write(self.part_path(component, step, group), rows)
@@ -145,7 +156,7 @@ class RolloutStore:
 
     def groups_rows(self, component: str, step: int, groups: list[int]) -> dict[int, list[dict]]:
         """Several groups' rows, each file read once: the parts that hold them, else the step's shard."""
-        files = {g: self._file_of(component, step, g) for g in groups}
+        files = self._files_of(component, step, groups)
         rows = [r for path in dict.fromkeys(p for p in files.values() if p) for r in self._read(path)]
         if None in files.values():
             rows += self.read(component, step)
@@ -158,6 +169,10 @@ class RolloutStore:
     def has_part(self, component: str, step: int, group: int) -> bool:
         return self._file_of(component, step, group) is not None
 
+    def with_parts(self, component: str, step: int, groups: list[int]) -> set[int]:
+        """Those of `groups` that have a part (one folder listing for all of them)."""
+        return {g for g, path in self._files_of(component, step, groups).items() if path is not None}
+
     def merge_parts(self, component: str, step: int, groups: list[int]) -> Path:
         """The step's shard from its groups' parts, in group order; the parts are removed after.
         One batch part that holds exactly the step's groups becomes the shard by a rename."""
@@ -167,7 +182,8 @@ class RolloutStore:
         if whole and len(list(folder.iterdir())) == 1:
             path.parent.mkdir(parents=True, exist_ok=True)
             data = whole[0].read_bytes()
-            self._table_from(whole[0], data)  # a part is checked before it becomes the shard
+            if whole[0] not in self._cache:  # another process's part is checked before it becomes the shard
+                self._table_from(whole[0], data)
             atomic_write_bytes(_sidecar(path), hashlib.sha256(data).hexdigest().encode())
             os.replace(whole[0], path)  # already fsynced when it was written
             if whole[0] in self._cache:

@@ -135,18 +135,25 @@ class RolloutWorker:
         src, size = task.prompt, self.rl.samples_per_prompt
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         columns = json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")})
+        # whole tensors to lists once, then sliced per row: a tensor op per row and field was
+        # most of this function's cost
+        lengths = exp.completion_mask.sum(-1).tolist()
+        completions, logprobs = exp.completion_ids.tolist(), exp.logprobs.tolist()
+        engine = exp.engine_logprobs.tolist() if exp.engine_logprobs is not None else None
+        prompt_mask = exp.prompt_mask.bool()
+        prompt_ids = [exp.prompt_ids[j][prompt_mask[j]].tolist() for j in range(len(exp))] if len(exp) else []
+        prompt, conversational = prompt_text(self.tok, src["prompt"]), is_conversation(src["prompt"])
         rows = []
         for j in range(len(exp)):
-            n = int(exp.completion_mask[j].sum())
+            n = lengths[j]
             rows.append({
                 "step": task.step, "index": task.group * size + j, "group": task.group, "round": task.round,
                 "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")),
-                "prompt": prompt_text(self.tok, src["prompt"]), "conversational": is_conversation(src["prompt"]),
+                "prompt": prompt, "conversational": conversational,
                 "completion": texts[j], "weights_version": self.version,
-                "prompt_ids": exp.prompt_ids[j][exp.prompt_mask[j].bool()].tolist(),
-                "completion_ids": exp.completion_ids[j, :n].tolist(), "logprobs": exp.logprobs[j, :n].tolist(),
-                "engine_logprobs": exp.engine_logprobs[j, :n].tolist() if exp.engine_logprobs is not None else None,
-                "ended_with_eos": bool(n and exp.completion_ids[j, n - 1] == self.tok.eos_token_id),
+                "prompt_ids": prompt_ids[j], "completion_ids": completions[j][:n], "logprobs": logprobs[j][:n],
+                "engine_logprobs": engine[j][:n] if engine is not None else None,
+                "ended_with_eos": bool(n and completions[j][n - 1] == self.tok.eos_token_id),
                 "columns": columns,
             })
         return rows
