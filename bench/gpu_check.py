@@ -1,7 +1,10 @@
-"""GPU check: a ~100M-parameter model built in code, a few RL steps with hf and with vllm rollouts.
+"""GPU check: a ~100M-parameter model built in code, a few RL steps with hf and with vllm rollouts,
+then vllm rollouts synchronous (`rl.async.max_staleness: 0`) against asynchronous (k = 1: the
+sampler process generates step s + 1 while the learner trains step s).
 
 Installs and downloads nothing. Prints rollout tokens/s per backend and the update's
-throughput (trained tokens per second), side by side. Run through bench/gpu_check.sh.
+throughput (trained tokens per second), side by side, then the step time and the sampled
+tokens per second of a whole step for k = 0 and k = 1. Run through bench/gpu_check.sh.
 """
 from __future__ import annotations
 
@@ -20,28 +23,31 @@ from hindsight.models import build_tiny_model
 from hindsight.rl import RLRun
 
 
-def run(backend: str, work: Path, init: str, steps: int) -> dict:
+def run(backend: str, work: Path, init: str, steps: int, staleness: int = 0) -> dict:
     cfg = PipelineConfig.model_validate({
-        "name": f"gpu-{backend}", "run_dir": str(work / backend),
+        "name": f"gpu-{backend}-k{staleness}", "run_dir": str(work / f"{backend}-k{staleness}"),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "model": {"dtype": "bfloat16"},
         "rl": {"steps": steps, "prompts_per_step": 64, "samples_per_prompt": 8, "reward_isolation": "inline",
-               "save_every": steps, "alerts": [],
+               "save_every": steps, "alerts": [], "async": {"max_staleness": staleness},
                "rollout": {"backend": backend, "max_new_tokens": 128, "temperature": 1.0,
                            "vllm": {"gpu_memory_utilization": 0.35, "max_model_len": 512}}}})
     rl = RLRun(cfg, init, None)
     assert rl.policy.device.type == "cuda"  # models load onto the GPU when there is one
     rows = []
     for step in range(steps):
+        t_step = time.perf_counter()
         _, gen = rl.rollout(step)
         rl.score(step)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         upd = rl.update(step)
         torch.cuda.synchronize()
+        done = time.perf_counter()
         trained = sum(len(r["completion_ids"]) for r in rl.store.read("rollouts", step))
-        rows.append({"tokens_per_s": gen["rollout/tokens_per_s"], "update_tokens_per_s": trained / (time.perf_counter() - t0),
-                     "reward": upd["reward/mean"]})
+        rows.append({"tokens_per_s": gen.get("rollout/tokens_per_s", float("nan")),  # async: sampled elsewhere
+                     "update_tokens_per_s": trained / (done - t0), "step_s": done - t_step,
+                     "step_tokens_per_s": trained / (done - t_step), "reward": upd["reward/mean"]})
     rl.close()
     warm = rows[1:] or rows  # the first step pays for compilation and the engine's start
     return {k: sum(r[k] for r in warm) / len(warm) for k in rows[0]}
@@ -71,9 +77,28 @@ def main() -> int:
             print(f"{name:8} {r['tokens_per_s']:14.0f} {r['update_tokens_per_s']:13.0f} {r['reward']:7.3f}")
     if all("error" not in r for r in results.values()):
         print(f"vllm / hf rollout throughput: {results['vllm']['tokens_per_s'] / results['hf']['tokens_per_s']:.2f}x")
+    results.update(_async(work, init, steps))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_check.json").write_text(json.dumps(results, indent=1))
     return 0 if all("error" not in r for r in results.values()) else 1
+
+
+def _async(work: Path, init: str, steps: int) -> dict:
+    """vllm rollouts, k = 0 against k = 1: seconds per step and sampled tokens per second of a step."""
+    out = {}
+    for k in (0, 1):
+        try:
+            out[f"vllm k={k}"] = run("vllm", work, init, max(steps, 4), staleness=k)
+        except Exception as exc:
+            out[f"vllm k={k}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"{'async':8} {'s/step':>8} {'step tok/s':>11} {'reward':>7}")
+    for name, r in out.items():
+        print(f"{name:8} {r['error']}" if "error" in r else
+              f"{name:8} {r['step_s']:8.3f} {r['step_tokens_per_s']:11.0f} {r['reward']:7.3f}")
+    if all("error" not in r for r in out.values()):
+        ratio = out["vllm k=1"]["step_tokens_per_s"] / out["vllm k=0"]["step_tokens_per_s"]
+        print(f"ratio async/sync step tokens/s (vllm): {ratio:.2f}")
+    return out
 
 
 if __name__ == "__main__":
