@@ -121,7 +121,10 @@ class RolloutStore:
     def _files_of(self, component: str, step: int, groups: list[int]) -> dict[int, Path | None]:
         """The part file holding each group, from one listing of the step's part folder."""
         folder = self._part_dir(component, step)
-        names = {p.name for p in folder.iterdir()} if folder.exists() else set()
+        try:
+            names = {p.name for p in folder.iterdir()}
+        except FileNotFoundError:  # no part yet, or the step's shard was just merged
+            names = set()
         batches = [(int(m.group(1)), int(m.group(2)), m.group(0)) for m in map(_BATCH.match, names) if m]
         out: dict[int, Path | None] = {}
         for g in groups:
