@@ -46,8 +46,28 @@ def client_for(uri: str) -> MlflowClient:
     mlflow.set_registry_uri(uri)
     if uri not in _CLIENTS:  # one per store and process: a new client per call cost ~10 ms a step
         require_reachable(uri)
-        _CLIENTS[uri] = MlflowClient(uri, registry_uri=uri)
+        with _one_opener(uri):
+            _CLIENTS[uri] = MlflowClient(uri, registry_uri=uri)  # opens the tracking store: creates its tables
     return _CLIENTS[uri]
+
+
+@contextmanager
+def _one_opener(uri: str):
+    """Open a SQLite store one process at a time. MLflow creates a new database's tables and runs
+    its migrations when a store is opened; two commands opening a new one at once (two
+    pipelines started together) raced: `table metrics already exists`, or alembic's
+    `Online migration expected to match one row`, and one command failed. A database server
+    orders this itself, so only `sqlite:` is locked (a lock file beside the database)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".open-lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        yield
 
 
 def require_reachable(uri: str, timeout_s: float = 5.0) -> None:

@@ -87,3 +87,18 @@ def test_rerun_reuses_cached_stages_and_rl_alone_resolves_registry(smoke_run):
     assert forced.rstrip("│ ").endswith("no"), forced  # --force trained anew: not a cache hit
     client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
     assert str(client.get_model_version_by_alias("smoke-policy", "latest").version) == "2"
+
+
+def test_the_pipeline_log_is_quiet(smoke_run):
+    """What a person reads (issue 14): no bytecode listings captured from third-party prints,
+    no line per Prefect task state, and about one line per RL step."""
+    import re
+
+    _, _, first = smoke_run
+    lines = first.stderr.splitlines()
+    bytecode = re.compile(r"\b\d+\s+\d*\s*(LOAD_|STORE_|CALL|RETURN_|BINARY_|POP_|JUMP_)[A-Z_]*\b")
+    assert not [ln for ln in lines if bytecode.search(ln)]
+    assert not [ln for ln in lines if "Finished in state Completed()" in ln]
+    steps = 4  # configs/smoke.yaml: rl.steps
+    rl_lines = [ln for ln in lines if "rl step" in ln]
+    assert 1 <= len(rl_lines) <= 3 * steps, rl_lines
