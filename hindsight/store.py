@@ -112,27 +112,31 @@ class RolloutStore:
     def _part_dir(self, component: str, step: int) -> Path:
         return self.root / "parts" / component / f"step-{step:06d}"
 
-    def _batch_parts(self, component: str, step: int) -> dict[Path, tuple[int, int]]:
-        """Batch parts (`batch-FIRST-LAST.parquet`: groups FIRST..LAST, written at once)."""
-        folder = self._part_dir(component, step)
-        found = (_BATCH.match(p.name) for p in folder.glob("batch-*.parquet")) if folder.exists() else ()
-        return {folder / m.group(0): (int(m.group(1)), int(m.group(2))) for m in found if m}
-
-    def _files_of(self, component: str, step: int, groups: list[int]) -> dict[int, Path | None]:
-        """The part file holding each group, from one listing of the step's part folder."""
+    def _part_files(self, component: str, step: int) -> tuple[set[str], dict[Path, tuple[int, int]]]:
+        """One listing of the step's part folder: every file name, and the batch parts
+        (`batch-FIRST-LAST.parquet`: groups FIRST..LAST, written at once) with their spans."""
         folder = self._part_dir(component, step)
         try:
             names = {p.name for p in folder.iterdir()}
         except FileNotFoundError:  # no part yet, or the step's shard was just merged
             names = set()
-        batches = [(int(m.group(1)), int(m.group(2)), m.group(0)) for m in map(_BATCH.match, names) if m]
+        batches = {folder / m.group(0): (int(m.group(1)), int(m.group(2))) for m in map(_BATCH.match, names) if m}
+        return names, batches
+
+    def _batch_parts(self, component: str, step: int) -> dict[Path, tuple[int, int]]:
+        return self._part_files(component, step)[1]
+
+    def _files_of(self, component: str, step: int, groups: list[int]) -> dict[int, Path | None]:
+        """The part file holding each group, from one listing of the step's part folder."""
+        names, batches = self._part_files(component, step)
+        folder = self._part_dir(component, step)
         out: dict[int, Path | None] = {}
         for g in groups:
             single = f"group-{g:05d}.parquet"
             if single in names:
                 out[g] = folder / single
             else:
-                out[g] = next((folder / name for a, b, name in batches if a <= g <= b), None)
+                out[g] = next((path for path, (a, b) in batches.items() if a <= g <= b), None)
         return out
 
     def _file_of(self, component: str, step: int, group: int) -> Path | None:

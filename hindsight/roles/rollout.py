@@ -141,7 +141,7 @@ class RolloutWorker:
         completions, logprobs = exp.completion_ids.tolist(), exp.logprobs.tolist()
         engine = exp.engine_logprobs.tolist() if exp.engine_logprobs is not None else None
         prompt_mask = exp.prompt_mask.bool()
-        prompt_ids = [exp.prompt_ids[j][prompt_mask[j]].tolist() for j in range(len(exp))] if len(exp) else []
+        prompt_ids = [exp.prompt_ids[j][prompt_mask[j]].tolist() for j in range(len(exp))]
         prompt, conversational = prompt_text(self.tok, src["prompt"]), is_conversation(src["prompt"])
         rows = []
         for j in range(len(exp)):
