@@ -7,8 +7,8 @@ spools it in the run directory while the server is unreachable (tasks/spool.py).
 from __future__ import annotations
 
 import atexit
-from concurrent.futures import ThreadPoolExecutor
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 import subprocess
 import sys
@@ -252,8 +252,8 @@ def log_metrics(cfg: PipelineConfig, run_id: str, metrics: dict[str, float], ste
     if not batch:
         return
     rows = [[m.key, m.value, m.timestamp, m.step] for m in batch]
-    c = client(cfg)
-    op = _write(cfg, run_id, "metrics", lambda: _WRITER.submit(c.log_batch, run_id, metrics=batch), metrics=rows)
+    op = _write(cfg, run_id, "metrics", lambda: _WRITER.submit(client(cfg).log_batch, run_id, metrics=batch),
+                metrics=rows)
     if op is not None:
         _PENDING.append((op, cfg, run_id, rows))
 

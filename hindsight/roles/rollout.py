@@ -140,8 +140,8 @@ class RolloutWorker:
         lengths = exp.completion_mask.sum(-1).tolist()
         completions, logprobs = exp.completion_ids.tolist(), exp.logprobs.tolist()
         engine = exp.engine_logprobs.tolist() if exp.engine_logprobs is not None else None
-        prompt_mask = exp.prompt_mask.bool()
-        prompt_ids = [exp.prompt_ids[j][prompt_mask[j]].tolist() for j in range(len(exp))]
+        prompt_ids = [[t for t, keep in zip(ids, mask) if keep]
+                      for ids, mask in zip(exp.prompt_ids.tolist(), exp.prompt_mask.tolist())]
         prompt, conversational = prompt_text(self.tok, src["prompt"]), is_conversation(src["prompt"])
         rows = []
         for j in range(len(exp)):
