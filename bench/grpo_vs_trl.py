@@ -122,8 +122,9 @@ def run_flow(init: str, work: Path, steps: int, seed: int, task: str, k: int, na
             compute[m.step] = compute.get(m.step, 0.0) + m.value
     by_step = {m.step: m.timestamp / 1000 for m in history}
     inside = [(by_step[s] - by_step[s - 1]) / compute[s] - 1 for s in sorted(by_step)[1:-1] if s in compute and s - 1 in by_step]
+    lengths = [m.value for m in client.get_metric_history(result.run_id, "response_length/mean")]
     return {"step_s": _step_s(stamps), "reward_last": statistics.mean(m.value for m in history[-LAST:]), "split": split,
-            "overhead_inside": statistics.median(inside) if inside else None}
+            "overhead_inside": statistics.median(inside) if inside else None, "length": statistics.mean(lengths)}
 
 
 class Kernel:
@@ -141,17 +142,23 @@ class Kernel:
         self.settings = LearnerSettings(loss=LossSettings(kl_coef=BETA, kl_estimator="k3", loss_agg="seq_mean_token_mean",
                                                           max_len=self.new_tokens))
         self.split = {"generate": [], "score": [], "update": []}
+        self.lengths: list[float] = []  # mean completion tokens per step
 
-    def step(self, batch: list[dict], step: int) -> float:
+    def step(self, batch: list[dict], step: int, seed: int) -> float:
         from hindsight.learner import update
         from hindsight.logprobs import group_token_logprobs
+        from hindsight.roles.rollout import group_seed
         from hindsight.rollout.sampler import sample_groups
         from hindsight.scoring import score_completions
 
         t0 = time.perf_counter()
-        exp = sample_groups(self.policy, self.tok, [r["prompt"] for r in batch], [step * 1000 + i for i in range(len(batch))],
-                            SAMPLES, self.new_tokens, logprobs="decode")
+        # the flow's own per-group seeds: the same samples, so the same work (a completion stops
+        # at its answer, so other seeds would give other lengths and another step time)
+        exp = sample_groups(self.policy, self.tok, [r["prompt"] for r in batch],
+                            [group_seed(seed, step, g) for g in range(len(batch))], SAMPLES, self.new_tokens,
+                            logprobs="decode")
         t1 = time.perf_counter()
+        self.lengths.append(float(exp.completion_mask.sum(-1).float().mean()))
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         answers = [r["answer"] for r in batch for _ in range(SAMPLES)]
         exp.rewards = torch.tensor(score_completions([(self.reward, 1.0)], texts, {"answer": answers}).total)
@@ -166,14 +173,15 @@ class Kernel:
         return float(exp.rewards.mean())
 
 
-def run_kernel(init: str, rows: list[dict], steps: int, task: str) -> dict:
+def run_kernel(init: str, rows: list[dict], steps: int, seed: int, task: str) -> dict:
     from hindsight.rl import prompt_indices
 
     kernel, stamps = Kernel(init, task), []
     for s in range(steps):
-        kernel.step([rows[i] for i in prompt_indices(len(rows), PROMPTS, s, 0)], s)
+        kernel.step([rows[i] for i in prompt_indices(len(rows), PROMPTS, s, seed)], s, seed)
         stamps.append(time.perf_counter())
-    return {"step_s": _step_s(stamps), "split": {k: statistics.median(v[1:]) for k, v in kernel.split.items()}}
+    return {"step_s": _step_s(stamps), "split": {k: statistics.median(v[1:]) for k, v in kernel.split.items()},
+            "length": statistics.mean(kernel.lengths)}
 
 
 def _step_s(stamps: list[float]) -> float:
@@ -196,7 +204,7 @@ def main() -> None:
     for seed in range(a.seeds):  # in turn, so drift in machine load hits all alike
         runs["trl"].append(run_trl(init, rows, a.steps, seed, a.task, work / f"trl-{seed}"))
         runs["hindsight sync"].append(run_flow(init, work, a.steps, seed, a.task, 0, f"sync-{seed}"))
-        kernels.append(run_kernel(init, rows, a.steps, a.task))
+        kernels.append(run_kernel(init, rows, a.steps, seed, a.task))
         runs["hindsight async k=1"].append(run_flow(init, work, a.steps, seed, a.task, 1, f"async-{seed}"))
     new_tokens = TASKS[a.task][0]
     print(f"\ntask {a.task}: {a.steps} steps x {PROMPTS} prompts x {SAMPLES} samples, {new_tokens} new tokens, "
@@ -214,6 +222,9 @@ def main() -> None:
                  for k in runs[name][0]["split"]}
         print(f"{name} split (s/step): " + ", ".join(f"{k.removeprefix('time/')} {v:.3f}" for k, v in split.items()))
     flow, kernel = (statistics.median(r["step_s"] for r in rs) for rs in (runs["hindsight sync"], kernels))
+    print("mean completion tokens (the same work only if these agree): sync flow "
+          f"{statistics.mean(r['length'] for r in runs['hindsight sync']):.2f}, "
+          f"kernel {statistics.mean(r['length'] for r in kernels):.2f}")
     print("kernel split (s/step): " + ", ".join(f"{k} {statistics.median(r['split'][k] for r in kernels):.3f}"
                                                 for k in kernels[0]["split"]))
     print(f"overhead per step (sync flow against the bare kernel, steady state, each run right after the "

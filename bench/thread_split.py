@@ -6,7 +6,8 @@ On one machine the sampler and the learner of `rl.async.max_staleness: 1` split 
 thread each here), so an async step can be no shorter than the slower of the two at one
 thread, while a sync step runs every phase at all threads. Prints each phase's median time at
 1 and 2 threads on the long-completion bench task (the setting of bench/grpo_vs_trl.py), and the
-ceiling that puts on the async/sync ratio: (sync kernel step) / max(learner, sampler at 1 thread).
+ceiling that puts on the async/sync ratio: (sync kernel step) / max(learner, sampler at 1 thread),
+and the ceiling of any schedule at all: (sync kernel step) / (half the phases' core-seconds).
 """
 from __future__ import annotations
 
@@ -75,6 +76,11 @@ def main() -> None:
     print(f"sync kernel step (2 threads) {sync:.3f}s; async bound max(learner {learner:.3f}s, sampler {sampler:.3f}s) "
           f"at 1 thread each")
     print(f"ceiling async/sync with no orchestration at all: {sync / max(learner, sampler):.2f}x")
+    # no schedule of these kernels on two cores beats half their 1-thread total: a phase never
+    # costs fewer core-seconds at 2 threads than at 1 (the scaling above is at most 2x)
+    perfect = sum(min(one[k], 2 * two[k]) for k in one) / 2
+    print(f"ceiling with any split of the work over the two cores, perfectly balanced: {sync / perfect:.2f}x "
+          f"(sync {sync:.3f}s against {perfect:.3f}s)")
 
 
 if __name__ == "__main__":
