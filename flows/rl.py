@@ -8,6 +8,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import run_declared, transient
+from hindsight.checkpoint import checkpoint_spans
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.errors import AlertStop
@@ -16,7 +17,7 @@ from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from tasks import tracking
 from tasks.lookback import compare_versions
-from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, step_task
+from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, steps_task
 
 
 def rl_story(ctx: StageContext) -> StageOutput:
@@ -49,22 +50,25 @@ def rl_story(ctx: StageContext) -> StageOutput:
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
     progress = StepProgress("rl", cfg.rl.steps, start)
-    # a retried step takes back its leases and redoes only the groups not yet written; a
-    # failure once the update has begun is not retried here (training is not idempotent): the
-    # stage's retry resumes from the newest checkpoint instead
-    step_run = step_task.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
-                                      retry_condition_fn=lambda *a: transient(*a) and not get_run(key).updating)
+
+    def after_step(step: int, out: dict) -> None:
+        """After each step: evaluate when due, record replayed prompts, show progress, watch."""
+        done, metrics = step + 1, _numeric(out)
+        if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
+            metrics["eval/accuracy"] = evaluate_task(key)
+        if out.get("replay/ids"):
+            tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
+        progress.advance(done, f"reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
+        _watch(cfg, key, run_id, done, metrics)
+
+    # one task per checkpoint interval: a retried task continues at the step that failed and
+    # redoes only the groups not yet written; a failure once an update has begun is not
+    # retried here (training is not idempotent): the stage's retry resumes from the checkpoint
+    steps_run = steps_task.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
+                                        retry_condition_fn=lambda *a: transient(*a) and not get_run(key).updating)
     try:
-        for step in range(start, cfg.rl.steps):
-            done = step + 1
-            out = step_run(key, step)
-            metrics = _numeric(out)
-            if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
-                metrics["eval/accuracy"] = evaluate_task(key)
-            if out.get("replay/ids"):
-                tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
-            progress.advance(done, f"reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
-            _watch(cfg, key, run_id, done, metrics)
+        for first, last in checkpoint_spans(start, cfg.rl.steps, cfg.rl.save_every):
+            steps_run(key, first, last, after_step)
     finally:
         progress.close()
 

@@ -33,6 +33,14 @@ log = logging.getLogger("hindsight.checkpoint")
 _COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer")
 
 
+def checkpoint_spans(start: int, steps: int, save_every: int) -> list[tuple[int, int]]:
+    """The steps from `start` to `steps` cut at each checkpoint, as (first, last) with last
+    excluded: the RL update writes one after step s when (s + 1) % save_every == 0 and after the
+    last step. A span is one Prefect task; past its retries the stage resumes at its start."""
+    ends = sorted({e for e in range(save_every, steps, save_every) if e > start} | {steps})
+    return [(a, b) for a, b in zip([start, *ends], ends) if a < b]
+
+
 class CheckpointManager:
     def __init__(self, root: str | Path, keep_last: int = 2):
         self.root = Path(root)

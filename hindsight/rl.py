@@ -81,6 +81,7 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
         self.reward_worker = RewardWorker() if self.rl.reward_isolation == "process" else None
         self.version = self.start_step  # the weights version: how many updates the policy has had
         self.updating = False
+        self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.learners = self._start_learners(start, policy_path)

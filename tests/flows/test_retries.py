@@ -97,17 +97,19 @@ def test_permanent_failure_names_the_stage_and_the_rerun_resumes(work):
     assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(4)]
 
 
-def test_a_failed_rollout_is_retried_as_its_step_task_and_re_leases_its_work(work, prefect_api):
+def test_a_failed_rollout_is_retried_as_its_steps_task_and_re_leases_its_work(work, prefect_api):
     """A transient failure in a step's rollout (after the step's groups were written) is
-    retried by Prefect as that step's task, not as the stage: one MLflow attempt, the step's
-    parts kept and merged, no group sampled twice."""
+    retried by Prefect as the task of its checkpoint interval (steps 0-1), not as the stage:
+    one MLflow attempt, the retry continues at step 1 (step 0 is not trained twice: the update
+    would refuse), the step's parts kept and merged, no group sampled twice."""
     work, env, name = work
     result = _rl(work, env, fault="raise:rollout:1")
     assert result.returncode == 0, result.stderr[-3000:]
     with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="step")))
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="steps-")))
+        assert sorted(r.name for r in runs) == ["steps-0-2", "steps-2-4"]  # one task per checkpoint interval
         retried = [r for r in runs if r.run_count == 2 and r.state.is_completed()]
-        assert len(retried) == 1, [(r.name, r.run_count, r.state.type) for r in runs]
+        assert [r.name for r in retried] == ["steps-0-2"], [(r.name, r.run_count, r.state.type) for r in runs]
         assert [s.name for s in client.read_task_run_states(retried[0].id)][-2:] == ["Retrying", "Completed"]
     _, mlflow_runs = _rl_runs(env)
     assert [r.data.tags["hindsight.attempt"] for r in mlflow_runs] == ["1"]  # the stage itself never retried

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hindsight.checkpoint import CheckpointManager
+from hindsight.checkpoint import CheckpointManager, checkpoint_spans
 from hindsight.errors import CheckpointError, StorageError
 from hindsight.models import build_tiny_model, load_causal_lm, load_tokenizer
 from hindsight.rl import prompt_indices
@@ -38,6 +38,20 @@ def test_checkpoint_versions_retention_and_corruption(tmp_path):
         raise AssertionError("corrupt checkpoint loaded")
     except CheckpointError as exc:
         assert "step-000006.pt: corrupt or truncated checkpoint" in str(exc)
+
+
+@pytest.mark.parametrize("start, steps, every, spans", [
+    (0, 4, 2, [(0, 2), (2, 4)]),
+    (3, 10, 4, [(3, 4), (4, 8), (8, 10)]),  # a resume mid-interval ends its first span at the next checkpoint
+    (0, 30, 10_000, [(0, 30)]),  # the last step always checkpoints
+    (5, 12, 5, [(5, 10), (10, 12)]),
+    (0, 1, 1, [(0, 1)]),
+    (10, 10, 5, []),  # nothing left to train
+])
+def test_a_span_of_steps_ends_where_the_update_writes_a_checkpoint(start, steps, every, spans):
+    assert checkpoint_spans(start, steps, every) == spans
+    ends = [done for done in range(start + 1, steps + 1) if done % every == 0 or done == steps]  # RLRun.update's rule
+    assert [last for _, last in spans] == ends
 
 
 def test_prompt_cursor_is_a_pure_function_of_step():
