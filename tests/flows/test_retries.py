@@ -7,13 +7,14 @@ the stage and cause named, and the same command resumes once the cause is gone.
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName, TaskRunFilterStartTime
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from hindsight.data import build_demo_data
@@ -103,10 +104,12 @@ def test_a_failed_rollout_is_retried_as_its_steps_task_and_re_leases_its_work(wo
     one MLflow attempt, the retry continues at step 1 (step 0 is not trained twice: the update
     would refuse), the step's parts kept and merged, no group sampled twice."""
     work, env, name = work
+    began = datetime.now(timezone.utc)  # the session shares one Prefect server: this test's task runs start after
     result = _rl(work, env, fault="raise:rollout:1")
     assert result.returncode == 0, result.stderr[-3000:]
     with temporary_settings({PREFECT_API_URL: prefect_api}), get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="steps-")))
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="steps-"),
+                                                                   start_time=TaskRunFilterStartTime(after_=began)))
         assert sorted(r.name for r in runs) == ["steps-0-2", "steps-2-4"]  # one task per checkpoint interval
         retried = [r for r in runs if r.run_count == 2 and r.state.is_completed()]
         assert [r.name for r in retried] == ["steps-0-2"], [(r.name, r.run_count, r.state.type) for r in runs]
