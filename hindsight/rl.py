@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -296,6 +297,14 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
             self.checkpoint(done)
         self.updating = False
         return metrics
+
+    @contextmanager
+    def recording(self, step: int):
+        """Around a trained step's follow-up (metrics, alerts, evaluation): a failure in it is not
+        retried in place, like one inside the update; once it is done, a retry starts after it."""
+        self.updating = True
+        yield
+        self.updating, self.next_step = False, step + 1
 
     def _launched_update(self, exp: Experience, rows: list[dict]) -> dict:
         """The update under `accelerate launch` (resources.num_processes): the batch's advantages are

@@ -48,9 +48,8 @@ def steps_task(key: str, first: int, last: int, after_step: Callable[[int, dict]
         _, rollout = run.rollout(step)
         _, score = run.score(step)
         metrics = {**rollout, **score, **run.update(step)}
-        run.updating = True  # the step is trained: its follow-up is not retried in place either
-        after_step(step, metrics)
-        run.updating, run.next_step = False, step + 1
+        with run.recording(step):
+            after_step(step, metrics)
 
 
 @task(name="report")

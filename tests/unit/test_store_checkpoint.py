@@ -54,6 +54,23 @@ def test_a_span_of_steps_ends_where_the_update_writes_a_checkpoint(start, steps,
     assert [last for _, last in spans] == ends
 
 
+def test_a_failed_step_follow_up_is_not_retried_in_place_and_a_done_one_moves_the_retry_on():
+    from types import SimpleNamespace
+
+    from hindsight.rl import RLRun
+
+    run = SimpleNamespace(updating=False, next_step=3)
+    with pytest.raises(RuntimeError):
+        with RLRun.recording(run, 3):
+            assert run.updating  # the flow's retry condition reads this
+            raise RuntimeError("the evaluation failed")
+    assert (run.updating, run.next_step) == (True, 3)  # no retry in place; the stage's retry resumes
+    run.updating = False
+    with RLRun.recording(run, 3):
+        pass
+    assert (run.updating, run.next_step) == (False, 4)  # a retry of the interval starts after step 3
+
+
 def test_prompt_cursor_is_a_pure_function_of_step():
     a = [prompt_indices(10, 4, s, seed=0) for s in range(5)]
     assert a == [prompt_indices(10, 4, s, seed=0) for s in range(5)]
