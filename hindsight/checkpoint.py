@@ -33,12 +33,16 @@ log = logging.getLogger("hindsight.checkpoint")
 _COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer")
 
 
+def checkpoint_due(done: int, steps: int, save_every: int) -> bool:
+    """Whether the RL update writes a checkpoint once `done` steps are trained."""
+    return done % save_every == 0 or done == steps
+
+
 def checkpoint_spans(start: int, steps: int, save_every: int) -> list[tuple[int, int]]:
-    """The steps from `start` to `steps` cut at each checkpoint, as (first, last) with last
-    excluded: the RL update writes one after step s when (s + 1) % save_every == 0 and after the
-    last step. A span is one Prefect task; past its retries the stage resumes at its start."""
-    ends = sorted({e for e in range(save_every, steps, save_every) if e > start} | {steps})
-    return [(a, b) for a, b in zip([start, *ends], ends) if a < b]
+    """The steps from `start` to `steps` cut after each checkpoint, as (first, last) with last
+    excluded. A span is one Prefect task; past its retries the stage resumes at its start."""
+    ends = [done for done in range(start + 1, steps + 1) if checkpoint_due(done, steps, save_every)]
+    return list(zip([start, *ends], ends))
 
 
 class CheckpointManager:

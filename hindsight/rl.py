@@ -17,7 +17,7 @@ import torch
 
 from hindsight.alerts import Alert, AlertMonitor
 from hindsight.async_rl import AsyncRollouts
-from hindsight.checkpoint import CheckpointManager
+from hindsight.checkpoint import CheckpointManager, checkpoint_due
 from hindsight.config import PipelineConfig
 from hindsight.data import load_rows
 from hindsight.errors import CheckpointError
@@ -293,7 +293,7 @@ class RLRun(AsyncRollouts, RoleStarts, PromptSelection):
                         **peak_memory()})
         crash_point("update", step)
         done = step + 1
-        if done % self.rl.save_every == 0 or done == self.rl.steps:
+        if checkpoint_due(done, self.rl.steps, self.rl.save_every):
             self.checkpoint(done)
         self.updating = False
         return metrics
