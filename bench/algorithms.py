@@ -1,4 +1,4 @@
-"""The four RL algorithms on the long-completion worked-sum task (`hindsight/sumtask.py`).
+"""The four RL algorithms on the long-completion worked-sum task (`hindsight/data/sumtask.py`).
 
     python bench/algorithms.py [--steps 30] [--seeds 3]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model
-from hindsight.rl import RLRun
+from hindsight.data.demo import build_demo_data
+from hindsight.models.tiny import build_tiny_model
+from hindsight.coordination.run import RLRun
 
 
 def run(backend: str, work: Path, init: str, steps: int, staleness: int = 0) -> dict:
@@ -61,7 +61,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     build_demo_data(work / "data", seed=0)
     init = str(build_tiny_model(work / "init", hidden=768, layers=12, heads=12))
-    n_params = sum(p.numel() for p in __import__("hindsight.models", fromlist=["x"]).load_causal_lm(init).parameters())
+    n_params = sum(p.numel() for p in __import__("hindsight.models.load", fromlist=["x"]).load_causal_lm(init).parameters())
     print(f"model: {n_params / 1e6:.0f}M parameters, {torch.cuda.get_device_name()}")
     results = {}
     for backend in ("hf", "vllm"):

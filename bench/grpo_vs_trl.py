@@ -2,7 +2,7 @@
 
     python bench/grpo_vs_trl.py [--task sum|demo] [--steps 10] [--seeds 3]
 
-The task is the long-completion worked sum (`hindsight/sumtask.py`, ~20 new tokens) unless
+The task is the long-completion worked sum (`hindsight/data/sumtask.py`, ~20 new tokens) unless
 `--task demo`. All three start from one SFT checkpoint (TRL's SFTTrainer, here) and use the
 same model, 16 prompts x 8 samples per step, `max_new_tokens`, temperature 1, lr 2e-4
 constant, beta 0.02 (k3 in the loss), loss `grpo` (= our seq_mean_token_mean), group-scaled
@@ -43,10 +43,11 @@ TASKS = {  # task: (new tokens, reward)
 
 
 def setup(work: Path, task: str) -> tuple[str, list[dict]]:
-    from hindsight.data import build_demo_data, read_jsonl
-    from hindsight.models import build_tiny_model
-    from hindsight.sumtask import build_sum_data
-    from hindsight.trainers import train_sft
+    from hindsight.data.rows import read_jsonl
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_model
+    from hindsight.data.sumtask import build_sum_data
+    from hindsight.learning.trainers import train_sft
 
     (build_sum_data if task == "sum" else build_demo_data)(work / "data", seed=0)
     base = build_tiny_model(work / "base")
@@ -56,7 +57,7 @@ def setup(work: Path, task: str) -> tuple[str, list[dict]]:
 
 
 def _reward_fn(spec: str):
-    from hindsight.scoring import load_reward_fn
+    from hindsight.scoring.rewards import load_reward_fn
 
     return load_reward_fn(spec)
 
@@ -131,9 +132,9 @@ class Kernel:
     """hindsight's GRPO with nothing around it: generate -> score -> update, in memory, timed by phase."""
 
     def __init__(self, init: str, task: str):
-        from hindsight.algorithms.losses import LossSettings
-        from hindsight.learner import LearnerSettings
-        from hindsight.models import load_causal_lm, load_tokenizer
+        from hindsight.learning.algorithms.losses import LossSettings
+        from hindsight.learning.update import LearnerSettings
+        from hindsight.models.load import load_causal_lm, load_tokenizer
 
         self.new_tokens, self.reward = TASKS[task]
         self.tok, self.policy = load_tokenizer(init), load_causal_lm(init)
@@ -145,11 +146,11 @@ class Kernel:
         self.lengths: list[float] = []  # mean completion tokens per step
 
     def step(self, batch: list[dict], step: int, seed: int) -> float:
-        from hindsight.learner import update
+        from hindsight.learning.update import update
         from hindsight.logprobs import group_token_logprobs
-        from hindsight.roles.rollout import group_seed
-        from hindsight.rollout.sampler import sample_groups
-        from hindsight.scoring import score_completions
+        from hindsight.rollout.worker import group_seed
+        from hindsight.rollout.hf import sample_groups
+        from hindsight.scoring.rewards import score_completions
 
         t0 = time.perf_counter()
         # the flow's own per-group seeds: the same samples, so the same work (a completion stops
@@ -174,7 +175,7 @@ class Kernel:
 
 
 def run_kernel(init: str, rows: list[dict], steps: int, seed: int, task: str) -> dict:
-    from hindsight.rl import prompt_indices
+    from hindsight.coordination.run import prompt_indices
 
     kernel, stamps = Kernel(init, task), []
     for s in range(steps):

@@ -26,11 +26,11 @@ def child(mode: str, steps: int, work: Path) -> dict:
     import torch
 
     from hindsight.config import PipelineConfig
-    from hindsight.data import build_demo_data
-    from hindsight.lora import trainable_parameters
-    from hindsight.metrics import peak_memory
-    from hindsight.models import build_tiny_model
-    from hindsight.rl import RLRun
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.lora import trainable_parameters
+    from hindsight.lookback.metrics import peak_memory
+    from hindsight.models.tiny import build_tiny_model
+    from hindsight.coordination.run import RLRun
 
     build_demo_data(work / "data", seed=0)
     init = str(build_tiny_model(work / "base"))

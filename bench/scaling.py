@@ -39,7 +39,7 @@ def config(work: Path, run_dir: Path, steps: int, **overrides):
 
 
 def timed_steps(cfg, init: str, steps: int, phase: str) -> tuple[list[float], int]:
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     run = RLRun(cfg, init, None)
     times, samples = [], 0
@@ -62,8 +62,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
-    from hindsight.data import build_demo_data
-    from hindsight.models import build_tiny_model
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="hindsight-scaling-"))
     build_demo_data(work / "data", seed=0)

@@ -124,13 +124,13 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
     _env()
 
     def go():
-        from hindsight.runlock import run_lock
+        from hindsight.state.runlock import run_lock
 
         cfg = load_config(config, sets or [])
         _prefect_api()
         with run_lock(cfg.root):  # held from before --force moves anything to the last stage
             if force_new_run:
-                from hindsight.resume import archive_run_dir
+                from hindsight.coordination.resume import archive_run_dir
 
                 moved = archive_run_dir(cfg.root / "rl")
                 if moved:
@@ -205,7 +205,7 @@ def sweep(config: Path = typer.Option(..., "-c", "--config", help="sweep YAML (s
 
     def go():
         from hindsight.stage import model_name
-        from hindsight.sweep import load_sweep
+        from hindsight.config.sweep import load_sweep
 
         sweep_cfg, base, _ = load_sweep(config, set_ or [])
         _prefect_api()
@@ -238,8 +238,8 @@ def report(run: str = typer.Argument(..., help="run directory (runs/NAME) or the
     _env()
 
     def go():
-        from hindsight.lookback import rl_dir_of, tokenizer_for, write_step_report
-        from hindsight.store import RolloutStore
+        from hindsight.lookback.rebuild import rl_dir_of, tokenizer_for, write_step_report
+        from hindsight.state.store import RolloutStore
 
         path = Path(run)
         if not path.exists():
@@ -277,7 +277,7 @@ def scale(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME
     """Change a running RL stage's rollout workers (rl.workers.placement: ray). A new worker takes
     leases from the next step, after it has synced the current weights version."""
     def go():
-        from hindsight.roles.placement import request_scale
+        from hindsight.coordination.placement import request_scale
 
         typer.echo(f"wrote {request_scale(run_dir, rollout)}: {rollout} rollout worker(s) from the next step")
 
@@ -331,7 +331,7 @@ def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME)
     artifacts, its final status), and complete a registration that could not happen."""
     def go():
         from hindsight.errors import ConfigError
-        from hindsight.runlock import run_lock
+        from hindsight.state.runlock import run_lock
         from tasks.spool import Spool
         from tasks.tracking import sync_spool
 
@@ -358,7 +358,8 @@ def data_build(out: Path = typer.Option(Path("data"), "--out", help="output fold
                seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc"),
                check: Optional[Path] = typer.Option(Path("data.dvc"), help="compare with this .dvc pin")):
     """Regenerate the demo data deterministically."""
-    from hindsight.data import build_demo_data, dvc_dir_md5, pinned_md5
+    from hindsight.data.rows import dvc_dir_md5, pinned_md5
+    from hindsight.data.demo import build_demo_data
 
     build_demo_data(out, seed=seed)
     md5 = dvc_dir_md5(out)

@@ -7,11 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from hindsight.config import PipelineConfig
-from hindsight.data import DEMO_FILES, build_demo_data, dvc_dir_md5, pinned_md5
+from hindsight.data.rows import dvc_dir_md5, pinned_md5
+from hindsight.data.demo import DEMO_FILES, build_demo_data
 from hindsight.errors import DataError, HindsightError, StageError, TrackingError
 from hindsight.console import say
-from hindsight.resume import archive_run_dir
-from hindsight.runlock import run_lock
+from hindsight.coordination.resume import archive_run_dir
+from hindsight.state.runlock import run_lock
 from hindsight.stage import StageResult, StageSpec, preflight
 from tasks.cache import declared_key
 from tasks.stages import stage_task

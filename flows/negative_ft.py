@@ -6,10 +6,10 @@ from prefect import flow
 from flows.common import run_declared
 from hindsight.config import PipelineConfig
 from hindsight.errors import DataError
-from hindsight.models import load_causal_lm, load_tokenizer
-from hindsight.negative import negative_finetune, split_by_reward
+from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.learning.negative import negative_finetune, split_by_reward
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
-from hindsight.store import RolloutStore
+from hindsight.state.store import RolloutStore
 from tasks.stages import evaluate_model
 
 

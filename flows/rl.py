@@ -8,11 +8,11 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import run_declared, transient
-from hindsight.checkpoint import checkpoint_spans
+from hindsight.state.checkpoint import checkpoint_spans
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.errors import AlertStop
-from hindsight.fingerprint import check_not_finished
+from hindsight.state.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from tasks import tracking
@@ -98,7 +98,7 @@ def _check_placement(cfg: PipelineConfig) -> None:
         require_vllm()
     w = cfg.rl.workers
     if w.placement == "ray":
-        from hindsight.roles.placement import start_ray
+        from hindsight.coordination.placement import start_ray
 
         start_ray(w.ray_address, w.needs())
 

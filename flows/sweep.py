@@ -10,9 +10,9 @@ from flows.reward_model import reward_model_flow
 from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
 from hindsight.console import say
-from hindsight.fsutil import atomic_write_bytes
+from hindsight.state.fsutil import atomic_write_bytes
 from hindsight.stage import model_name
-from hindsight.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
+from hindsight.config.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
 from tasks import tracking
 from tasks.cache import stage_key
 from tasks.sweep import (deployment_trial_task, prefect_api_url, ranking_table, sweep_parent_run, sweep_plots,

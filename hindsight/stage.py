@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hindsight.config import PipelineConfig
-from hindsight.data import load_rows
-from hindsight.fsutil import file_sha256
-from hindsight.scoring import check_reward
+from hindsight.data.rows import load_rows
+from hindsight.state.fsutil import file_sha256
+from hindsight.scoring.rewards import check_reward
 
 
 def model_name(cfg: PipelineConfig, kind: str) -> str:

@@ -1,5 +1,5 @@
 """Exact-answer rewards: the demo's reads the first number of the completion, the worked-sum
-bench task's (`hindsight/sumtask.py`) the last."""
+bench task's (`hindsight/data/sumtask.py`) the last."""
 from __future__ import annotations
 
 import re

@@ -9,10 +9,10 @@ from mlflow.tracking import MlflowClient
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import ConfigError
-from hindsight.evaluate import judge
-from hindsight.fsutil import atomic_write_bytes
-from hindsight.models import load_causal_lm, load_tokenizer
-from hindsight.report import render_versions_report, text_table
+from hindsight.scoring.evaluate import judge
+from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.lookback.report import render_versions_report, text_table
 from hindsight.stage import model_name
 from tasks import tracking
 from tasks.stages import eval_rows, judge_worker

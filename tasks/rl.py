@@ -7,8 +7,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from hindsight.config import PipelineConfig
-from hindsight.lookback import write_plots, write_step_report
-from hindsight.rl import RLRun
+from hindsight.lookback.rebuild import write_plots, write_step_report
+from hindsight.coordination.run import RLRun
 from tasks.stages import evaluate_model
 
 _RESIDENT: dict[str, RLRun] = {}

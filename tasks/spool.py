@@ -18,7 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
-from hindsight.fsutil import append_line, atomic_write_json, read_json
+from hindsight.state.fsutil import append_line, atomic_write_json, read_json
 
 log = logging.getLogger("hindsight.tracking")
 RETRY_S = 30.0

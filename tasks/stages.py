@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from prefect import task
 
 from hindsight.config import PipelineConfig
-from hindsight.data import load_rows
-from hindsight.evaluate import accuracy
-from hindsight.models import load_causal_lm, load_tokenizer
+from hindsight.data.rows import load_rows
+from hindsight.scoring.evaluate import accuracy
+from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.stage import StageContext, StageResult, StageSpec, model_name
 from tasks import tracking
 from tasks.cache import cache_key_from_inputs
@@ -57,7 +57,7 @@ def judge_worker(cfg: PipelineConfig, worker=None):
     if worker is not None or cfg.rl.reward_isolation != "process":
         yield worker
         return
-    from hindsight.reward_worker import RewardWorker
+    from hindsight.scoring.guarded import RewardWorker
 
     own = RewardWorker()
     try:
@@ -72,7 +72,7 @@ def evaluate_path(cfg: PipelineConfig, path: str) -> float:
 
 def train(ctx: StageContext, trainer: str, **kwargs) -> dict:
     """A TRL trainer in this process, or under `accelerate launch` with resources.num_processes."""
-    from hindsight.distributed import run_trainer  # TRL and peft take seconds to import; only these stages need them
+    from hindsight.learning.launch import run_trainer  # TRL and peft take seconds to import; only these stages need them
 
     res = ctx.cfg.resources
     return run_trainer(trainer, kwargs, res.num_processes, res.accelerate_config, log=ctx.log)

@@ -17,10 +17,10 @@ from prefect import task
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import StageError
-from hindsight.fsutil import atomic_write_bytes
-from hindsight.history import MetricsLog
-from hindsight.plots import curves
-from hindsight.report import text_table
+from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.lookback.history import MetricsLog
+from hindsight.lookback.plots import curves
+from hindsight.lookback.report import text_table
 from tasks import tracking
 from tasks.cache import cache_key_from_inputs
 

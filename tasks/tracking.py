@@ -22,7 +22,7 @@ from prefect.runtime import task_run as prefect_task_run
 
 from hindsight.config import PipelineConfig, flatten
 from hindsight.errors import AlertStop, ConfigError
-from hindsight.models import resolve_model_path
+from hindsight.models.load import resolve_model_path
 from tasks.spool import OUTAGE, Spool, unreachable
 
 # MLflow's defaults retry a dead server for minutes (7 retries, backoff 2, 120 s timeout); a

@@ -130,8 +130,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def tiny_init(tmp_path_factory):
     """(a folder with the demo data under data/, a tiny model's path) for RL tests on this module's runs."""
-    from hindsight.data import build_demo_data
-    from hindsight.models import build_tiny_model
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_model
 
     work = tmp_path_factory.mktemp("tiny")
     build_demo_data(work / "data", seed=0)

@@ -1,1 +1,1 @@
-"""Generation backends: `hf` (transformers generate, CPU or GPU) and `vllm` (GPU, optional)."""
+"""Rollout: the generation engines (hf, vllm), evaluation's greedy generation, and the rollout worker that samples groups."""

@@ -1,46 +1,103 @@
-"""Rollouts with transformers' `generate`: every prompt is sampled `group_size` times."""
+"""Batched group sampling: one prefill per prompt, one decode loop for every group of the batch.
+
+`generate` (transformers) repeats each prompt G times and samples the whole batch from one
+global RNG, so a group's samples depend on what else is in the batch. Here:
+
+- each prompt is prefilled once and its KV cache copied to its G samples, which saves the
+  other G - 1 prefills;
+- each group draws its randomness from its own generator, seeded by (run seed, step, group),
+  as Gumbel noise fixed before decoding. argmax(logits / T + Gumbel) is an exact sample of
+  softmax(logits / T), so a group's tokens are a function of its seed and the weights, not of
+  the batch it shares (up to float rounding, which flips a token only at a near-tie);
+- decoding stops when every row has ended, not at `max_new_tokens`.
+
+The behaviour log-probs are then computed by one forward of the learner's own function
+(`group_token_logprobs`), not read off the decoding logits: those are one-token matmuls whose
+float rounding changes with the thread count (a Ray actor's 1 thread against the stage's 2
+gave 5e-7 apart), and stored rows must be the same bits wherever they were sampled.
+`logprobs="decode"` (`rollout.logprobs: decode`) reads them off the decoding logits instead:
+one forward fewer, equal to the recompute to ~1e-6, the same bits only at the same thread
+count (one sampler process, as async RL has).
+"""
 from __future__ import annotations
 
 import torch
 
-from hindsight.chat import prompt_text
+from hindsight.data.chat import prompt_text
 from hindsight.experience import Experience, pad_left
-from hindsight.logprobs import token_logprobs
+from hindsight.logprobs import cache_kwargs, group_token_logprobs, model_device, output_cache, position_ids
+from hindsight.rollout.greedy import completion_mask
 
 
-def completion_mask(completion_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """(B, T) 1 up to and including the first EOS, 0 after it."""
-    is_eos = completion_ids == eos_id                                       # (B, T)
-    after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0                     # (B, T) strictly after first EOS
-    return (~after_eos).long()
+def gumbel_noise(generators: list[torch.Generator], rows: int, vocab: int) -> torch.Tensor:
+    """(len(generators) * rows, vocab) standard Gumbel noise, `rows` rows from each group's own
+    generator. Drawn step by step (a whole-completion draw would be T x V per row)."""
+    u = torch.cat([torch.rand((rows, vocab), generator=g, device=g.device) for g in generators])  # (B, V)
+    return -torch.log(-torch.log(u.clamp_(1e-10, 1.0 - 1e-7)))                                     # (B, V)
+
+
+def nucleus_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(B, V) logits with the tokens outside the top-p nucleus set to -inf."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)                    # (B, V)
+    probs = sorted_logits.softmax(-1)                                               # (B, V)
+    outside = probs.cumsum(-1) - probs > top_p                                      # (B, V) mass before it > p
+    outside_orig = torch.zeros_like(outside).scatter(-1, order, outside)            # (B, V)
+    return logits.masked_fill(outside_orig, float("-inf"))
+
+
+def pick_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """(B,) sampled token ids: Gumbel-max over the tempered, nucleus-filtered logits (B, V)."""
+    if temperature <= 0:  # greedy
+        return logits.argmax(-1)
+    return (nucleus_logits(logits.float() / temperature, top_p) + noise).argmax(-1)
 
 
 @torch.no_grad()
-def generate(model, tok, prompts: list[str], group_size: int, max_new_tokens: int,
-             temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
-             seed: int | None = None) -> Experience:
-    """Sample completions and their behaviour log-probs. Prompts come out in groups of `group_size`."""
-    if seed is not None:
-        torch.manual_seed(seed)  # per-step seed: a resumed run regenerates the same samples
+def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: int, max_new_tokens: int,
+                  temperature: float = 1.0, top_p: float = 1.0, logprobs: str = "forward") -> Experience:
+    """Sample `group_size` completions of each prompt; group i uses seeds[i]. Rows come out in
+    groups, prompts left-padded and completions right-padded, as `generate` returns them."""
+    dev = model_device(model)
     seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
-    prompt_ids, prompt_mask = pad_left([s for s in seqs for _ in range(group_size)], tok.pad_token_id)
+    ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
     was_training = model.training
     model.eval()
-    out = model.generate(
-        input_ids=prompt_ids.to(model.device), attention_mask=prompt_mask.to(model.device), max_new_tokens=max_new_tokens,
-        do_sample=do_sample, temperature=temperature if do_sample else None,
-        top_p=top_p if do_sample else None, top_k=None,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )
-    out = out.cpu()  # the batch lives on the CPU between steps; models move what they read
-    completion_ids = out[:, prompt_ids.size(1):]                             # (B, T)
-    mask = completion_mask(completion_ids, tok.eos_token_id)                 # (B, T)
-    completion_ids = completion_ids.masked_fill(mask == 0, tok.pad_token_id)
-    full_mask = torch.cat([prompt_mask, mask], dim=1)
-    logp, _ = token_logprobs(model, out, full_mask, completion_ids.size(1), temperature)
+    out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=position_ids(mask).to(dev),
+                use_cache=True)
+    cache = output_cache(out)
+    cache.batch_repeat_interleave(group_size)                                       # (P*G, ...) per layer
+    logits = out.logits[:, -1].repeat_interleave(group_size, 0)                     # (B, V), B = P*G
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
+    attn = mask.repeat_interleave(group_size, 0).to(dev)                            # (B, L)
+    pos = (attn.sum(-1, keepdim=True) - 1)                                          # (B, 1) last prompt position
+    done = torch.zeros(len(attn), dtype=torch.bool, device=dev)                     # (B,)
+    tokens, decoded = [], []
+    scale = temperature if temperature > 0 else 1.0
+    for t in range(max_new_tokens):
+        noise = gumbel_noise(gens, group_size, logits.size(-1))                     # (B, V)
+        nxt = pick_tokens(logits, noise, temperature, top_p)                        # (B,)
+        nxt = nxt.masked_fill(done, tok.pad_token_id)
+        tokens.append(nxt)
+        if logprobs == "decode":
+            decoded.append(torch.log_softmax(logits.float() / scale, -1).gather(-1, nxt[:, None]).squeeze(-1))  # (B,)
+        done |= nxt == tok.eos_token_id
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)               # (B, L+t+1)
+        pos = pos + 1
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, **cache_kwargs(model, cache))
+        logits = out.logits[:, -1]                                                  # (B, V)
+    completion_ids = torch.stack(tokens, dim=1).cpu()                               # (B, T')
+    cmask = completion_mask(completion_ids, tok.eos_token_id)                       # (B, T')
+    completion_ids = completion_ids.masked_fill(cmask == 0, tok.pad_token_id)
+    prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+    if logprobs == "decode":
+        logp = torch.stack(decoded, dim=1)                                          # (B, T')
+    else:
+        logp, _ = group_token_logprobs(model, torch.cat([prompt_ids, completion_ids], dim=1),
+                                       torch.cat([prompt_mask, cmask], dim=1), completion_ids.size(1), group_size,
+                                       scale)                                        # (B, T')
     model.train(was_training)
-    return Experience(prompt_ids, prompt_mask, completion_ids, mask, logp.cpu() * mask, group_size)
-
-
-def decode_completions(tok, exp: Experience) -> list[str]:
-    return tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
+    return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)

@@ -14,10 +14,10 @@ import importlib.util
 
 import torch
 
-from hindsight.chat import prompt_text
+from hindsight.data.chat import prompt_text
 from hindsight.errors import ConfigError
 from hindsight.experience import Experience, pad_left, pad_right
-from hindsight.lora import engine_parameters
+from hindsight.models.lora import engine_parameters
 
 
 def vllm_problem() -> str | None:

@@ -275,7 +275,7 @@ def _(ws, tmp):
 @case("run-locked")
 def _(ws, tmp):
     (tmp / "run").mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom hindsight.runlock import run_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom hindsight.state.runlock import run_lock\n"
                                "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n",
                                str(tmp / "run")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ws.root)})

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model
+from hindsight.data.demo import build_demo_data
+from hindsight.models.tiny import build_tiny_model
 from error_cases import CASES, base_config, rl_args, write_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ import json
 import sys
 
 from hindsight.config import PipelineConfig
-from hindsight.rl import RLRun
+from hindsight.coordination.run import RLRun
 
 cfg = PipelineConfig.model_validate(json.loads(open(sys.argv[1]).read()))
 run = RLRun(cfg, sys.argv[2], None)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from hindsight.config import PipelineConfig
-from hindsight.rl import RLRun
+from hindsight.coordination.run import RLRun
 
 DRIVER = Path(__file__).with_name("async_driver.py")
 
@@ -106,7 +106,7 @@ def test_the_resume_trains_on_the_shards_sampled_ahead(tiny_init, tmp_path):
     assert rc == 0 and lines[0] == {"start": 4}
     by_step = {x["step"]: x for x in lines[1:]}
     assert by_step[4].get("rollout/reused") == 1.0 and by_step[5].get("rollout/reused") == 1.0
-    from hindsight.store import RolloutStore
+    from hindsight.state.store import RolloutStore
 
     store = RolloutStore(tmp_path / "run" / "rl")  # the shard kept the version it was sampled with
     assert {r["weights_version"] for r in store.read("rollouts", 5)} == {3}

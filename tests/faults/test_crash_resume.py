@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hindsight.models import build_tiny_model
+from hindsight.models.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6

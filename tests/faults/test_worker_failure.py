@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.rl import RLRun
+from hindsight.coordination.run import RLRun
 
 STEPS = 3
 

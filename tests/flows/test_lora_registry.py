@@ -27,7 +27,7 @@ def test_a_lora_policy_is_registered_as_its_adapter_with_the_base_recorded(tiny_
     files = {f.path for f in client.list_artifacts(mv.run_id, "checkpoint")}
     assert "checkpoint/adapter_config.json" in files and "checkpoint/model.safetensors" not in files
 
-    from hindsight.models import load_causal_lm
+    from hindsight.models.load import load_causal_lm
     from tasks.tracking import resolve_model
     from hindsight.config import PipelineConfig
 

@@ -17,8 +17,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName, TaskRunFilterStartTime
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model
+from hindsight.data.demo import build_demo_data
+from hindsight.models.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

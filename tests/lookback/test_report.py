@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
-from hindsight.lookback import tokenizer_for, write_plots, write_step_report
-from hindsight.models import build_tiny_model
-from hindsight.report import token_kl
-from hindsight.rl import RLRun
-from hindsight.store import RolloutStore
+from hindsight.data.demo import build_demo_data
+from hindsight.lookback.rebuild import tokenizer_for, write_plots, write_step_report
+from hindsight.models.tiny import build_tiny_model
+from hindsight.lookback.report import token_kl
+from hindsight.coordination.run import RLRun
+from hindsight.state.store import RolloutStore
 
 
 def varied_reward(completions, **_):

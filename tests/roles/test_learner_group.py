@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.rl import RLRun
+from hindsight.coordination.run import RLRun
 
 STEPS = 3
 # 1 and 2 learners sum the gradient in a different order; Adam's first steps at lr 1e-2 turn

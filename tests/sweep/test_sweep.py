@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from hindsight.errors import ConfigError
-from hindsight.sweep import SweepConfig, load_sweep, rank, trial_params
+from hindsight.config.sweep import SweepConfig, load_sweep, rank, trial_params
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = f"""
@@ -95,7 +95,7 @@ def test_grid_random_and_ranking_logic(tmp_path):
 def test_bad_sweep_keys_name_the_file(tmp_path):
     (tmp_path / "s.yaml").write_text(f"name: s\nbase: {ROOT / 'configs/smoke.yaml'}\nparams:\n  rl.lrr: [1, 2]\n")
     with pytest.raises(ConfigError, match=r"s.yaml: trial t00 .*rl.lrr: unknown key"):
-        from hindsight.sweep import trial_config
+        from hindsight.config.sweep import trial_config
 
         sweep, base, _ = load_sweep(tmp_path / "s.yaml")
         trial_config(sweep, base, 0, trial_params(sweep)[0], tmp_path / "s.yaml")

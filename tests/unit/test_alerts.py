@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from hindsight.alerts import RULES, AlertMonitor, window_mean
+from hindsight.lookback.alerts import RULES, AlertMonitor, window_mean
 from hindsight.config import AlertRule, ConfigError, RLConfig, load_config
 
 HEALTHY = {"entropy": 1.2, "reward/std": 0.3, "kl": 0.02, "loss": 0.1, "grad_norm": 0.5,

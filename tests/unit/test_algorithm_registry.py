@@ -5,13 +5,13 @@ import pytest
 import torch
 from pydantic import Field
 
-from hindsight.algorithms import ALGORITHMS, register, unregister
-from hindsight.algorithms.base import AdvantageInputs, Algorithm, AlgorithmSettings
+from hindsight.learning.algorithms import ALGORITHMS, register, unregister
+from hindsight.learning.algorithms.base import AdvantageInputs, Algorithm, AlgorithmSettings
 from hindsight.config import PipelineConfig, load_config
-from hindsight.data import build_demo_data
+from hindsight.data.demo import build_demo_data
 from hindsight.errors import ConfigError
-from hindsight.models import build_tiny_model
-from hindsight.rl import RLRun
+from hindsight.models.tiny import build_tiny_model
+from hindsight.coordination.run import RLRun
 
 
 class SignSettings(AlgorithmSettings):

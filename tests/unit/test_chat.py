@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from hindsight.chat import normalise_row, prompt_text
-from hindsight.data import load_rows
-from hindsight.models import build_tiny_model, load_tokenizer
+from hindsight.data.chat import normalise_row, prompt_text
+from hindsight.data.rows import load_rows
+from hindsight.models.load import load_tokenizer
+from hindsight.models.tiny import build_tiny_model
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}")
@@ -51,7 +52,7 @@ def test_the_prompt_text_is_the_chat_template(chat_model):
 def test_sft_and_the_reward_model_train_on_conversations_through_trl(chat_model, tmp_path):
     from trl.data_utils import is_conversational
 
-    from hindsight.trainers import train_reward_model, train_sft
+    from hindsight.learning.trainers import train_reward_model, train_sft
 
     sft_rows = [{"messages": _conversation(a, b, a + b)} for a in range(8) for b in range(4)]
     out = train_sft(chat_model, _write(tmp_path / "sft.jsonl", sft_rows), tmp_path / "sft", lr=1e-3, epochs=1,
@@ -77,8 +78,8 @@ def record_reward(completions, prompts, **_):
 
 def test_rl_samples_from_the_template_and_rewards_see_messages(chat_model, tmp_path):
     from hindsight.config import PipelineConfig
-    from hindsight.evaluate import accuracy
-    from hindsight.rl import RLRun
+    from hindsight.scoring.evaluate import accuracy
+    from hindsight.coordination.run import RLRun
 
     rows = [{"messages": _conversation(a, b), "answer": str(a + b), "id": f"p{a}{b}"} for a in range(4) for b in range(3)]
     prompts = _write(tmp_path / "prompts.jsonl", rows)

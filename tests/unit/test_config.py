@@ -19,7 +19,7 @@ def test_every_shipped_config_validates(path):
 
 @pytest.mark.parametrize("path", sorted(ROOT.glob("configs/sweep*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_sweep_validates_with_its_trials(path):
-    from hindsight.sweep import load_sweep, trial_config, trial_params
+    from hindsight.config.sweep import load_sweep, trial_config, trial_params
 
     sweep, base, _ = load_sweep(path)
     trials = [trial_config(sweep, base, i, p, path) for i, p in enumerate(trial_params(sweep))]

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from hindsight.algorithms.losses import LossSettings, kl_estimate, policy_loss
+from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss
 
 
 def test_k3_kl_stays_finite_on_padding_with_a_very_unlikely_pad_token():
@@ -46,8 +46,8 @@ def varied_reward(completions, **_):
 def _tiny(tmp_path, **config):
     from transformers import AutoConfig
 
-    from hindsight.data import build_demo_data
-    from hindsight.models import build_tiny_model
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_model
 
     build_demo_data(tmp_path / "data", seed=0)
     path = build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2)
@@ -60,7 +60,7 @@ def _tiny(tmp_path, **config):
 
 
 def test_dropout_is_off_in_rl_so_the_first_ratio_is_one(tmp_path):
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path, attention_dropout=0.9)
     run = RLRun(_rl_cfg(tmp_path), init, None)
@@ -70,7 +70,7 @@ def test_dropout_is_off_in_rl_so_the_first_ratio_is_one(tmp_path):
 
 
 def test_dropout_can_be_kept_on_by_choice(tmp_path):
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path, attention_dropout=0.9)
     run = RLRun(_rl_cfg(tmp_path, disable_dropout=False), init, None)
@@ -109,7 +109,7 @@ def test_entropy_bonus_follows_the_policy_loss_aggregation():
 def test_resume_restores_the_saved_rng_state(tmp_path):
     import random
 
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path)
     cfg = _rl_cfg(tmp_path, save_every=1)
@@ -126,7 +126,7 @@ def test_resume_restores_the_saved_rng_state(tmp_path):
 
 
 def test_a_changed_lr_takes_effect_on_resume_and_an_alert_factor_stays_a_multiplier(tmp_path):
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path)
     lower = [{"rule": "kl_high", "threshold": -1.0, "window": 1, "action": "lower_lr", "factor": 0.5}]
@@ -147,7 +147,7 @@ def test_a_changed_lr_takes_effect_on_resume_and_an_alert_factor_stays_a_multipl
 
 
 def test_the_report_shows_the_configured_kl_estimator():
-    from hindsight.report import token_kl, token_spans
+    from hindsight.lookback.report import token_kl, token_spans
 
     lp, ref = -1.0, -1.5
     assert abs(token_kl(lp, ref, "k1") - 0.5) < 1e-9 and abs(token_kl(lp, ref, "k2") - 0.125) < 1e-9
@@ -169,7 +169,7 @@ def signal_on_even_answers(completions, answer, **_):
 
 
 def test_replayed_groups_are_trained_under_dynamic_sampling(tmp_path):
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path)
     cfg = _rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:always_signal"}],
@@ -188,7 +188,7 @@ def test_replayed_groups_are_trained_under_dynamic_sampling(tmp_path):
 
 
 def test_dynamic_sampling_samples_more_rounds_until_the_step_is_full(tmp_path):
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path)
     cfg = _rl_cfg(tmp_path, prompts_per_step=6, rewards=[{"fn": "test_correctness:signal_on_even_answers"}],
@@ -206,7 +206,7 @@ def test_dynamic_sampling_samples_more_rounds_until_the_step_is_full(tmp_path):
 
 
 def test_dynamic_sampling_stops_at_max_rounds(tmp_path):
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     init = _tiny(tmp_path)
     cfg = _rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:constant"}],

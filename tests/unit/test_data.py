@@ -3,7 +3,9 @@ import subprocess
 
 import pytest
 
-from hindsight.data import build_demo_data, dvc_dir_md5, forgot_carry, load_rows, pinned_md5, read_jsonl
+from hindsight.data.rows import dvc_dir_md5, load_rows, pinned_md5, read_jsonl
+
+from hindsight.data.demo import build_demo_data, forgot_carry
 from hindsight.errors import DataError
 
 

@@ -5,9 +5,9 @@ import torch
 from safetensors.torch import load_file
 
 from hindsight.config import ConfigError, load_config
-from hindsight.data import build_demo_data
-from hindsight.distributed import launch_command, run_trainer
-from hindsight.models import build_tiny_model
+from hindsight.data.demo import build_demo_data
+from hindsight.learning.launch import launch_command, run_trainer
+from hindsight.models.tiny import build_tiny_model
 
 ATOL = 5e-5  # measured: SFT 7e-9, reward model 6e-6 (gloo's sum order, which Adam magnifies on tiny gradients)
 
@@ -66,7 +66,7 @@ def test_cpu_training_is_fp32():
     """TRL's configs default to bf16 autocast; on CPU we train in fp32 (the cause of defect 12)."""
     from trl import RewardConfig, SFTConfig
 
-    from hindsight.trainers import _precision
+    from hindsight.learning.trainers import _precision
 
     for cls in (SFTConfig, RewardConfig):
         assert cls(output_dir="/tmp/unused", **_precision()).bf16 is False
@@ -77,7 +77,7 @@ def test_launch_command_uses_the_accelerate_config_when_given(tmp_path):
     assert "--multi_gpu" in ddp and ddp[ddp.index("--num_processes") + 1] == "2"
     fsdp = launch_command(4, tmp_path / "a.json", "configs/accelerate/fsdp.yaml")
     assert fsdp[fsdp.index("--config_file") + 1] == "configs/accelerate/fsdp.yaml" and "--multi_gpu" not in fsdp
-    assert fsdp[-2:] == ["hindsight.distributed", str(tmp_path / "a.json")]
+    assert fsdp[-2:] == ["hindsight.learning.launch", str(tmp_path / "a.json")]
 
 
 def test_batch_must_divide_over_processes(tmp_path):
@@ -97,7 +97,7 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
     the groups, advantages from the whole batch), on the same stored rollouts. With one
     group per step, one process has an empty share and must still take part."""
     from hindsight.config import PipelineConfig
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     work, init = setup
     runs = []
@@ -130,14 +130,14 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
 
 
 def test_an_empty_share_takes_part_with_a_zero_weight():
-    from hindsight.distributed import padded_share
+    from hindsight.learning.launch import padded_share
 
     assert padded_share([0, 0, 0], 1, 2) == ([0], 0.0)  # one group, two processes: a zero-weighted stand-in row
     assert padded_share([0, 0, 1, 1], 1, 2) == ([2, 3], None)
 
 
 def test_share_and_scale_by_hand():
-    from hindsight.distributed import share, share_scale
+    from hindsight.learning.launch import share, share_scale
     from hindsight.experience import Experience
 
     groups = [0, 0, 1, 1, 2, 2]

@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from hindsight.algorithms import advantages as adv
-from hindsight.algorithms.losses import LossSettings, policy_loss, value_loss
-from hindsight.learner import LearnerSettings, compute_advantages
+from hindsight.learning.algorithms import advantages as adv
+from hindsight.learning.algorithms.losses import LossSettings, policy_loss, value_loss
+from hindsight.learning.update import LearnerSettings, compute_advantages
 from hindsight.experience import Experience
-from hindsight.replay import group_priority, pick_hard_examples, signal_groups
+from hindsight.coordination.replay import group_priority, pick_hard_examples, signal_groups
 
 
 def test_rloo_leave_one_out_baseline():

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from hindsight.errors import CheckpointError
-from hindsight.fingerprint import check_not_finished
-from hindsight.rl import RLRun
+from hindsight.state.fingerprint import check_not_finished
+from hindsight.coordination.run import RLRun
 from test_correctness import _rl_cfg, _tiny
 
 

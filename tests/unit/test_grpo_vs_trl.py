@@ -6,8 +6,8 @@ import pytest
 import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from hindsight.algorithms.advantages import grpo_advantages, zero_variance_groups
-from hindsight.algorithms.losses import LossSettings, aggregate, kl_estimate, policy_loss
+from hindsight.learning.algorithms.advantages import grpo_advantages, zero_variance_groups
+from hindsight.learning.algorithms.losses import LossSettings, aggregate, kl_estimate, policy_loss
 
 
 def test_grpo_advantages_hand_computed():

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hindsight.errors import CheckpointError
-from hindsight.rl import RLRun
-from hindsight.store import CorruptShard, RolloutStore
+from hindsight.coordination.run import RLRun
+from hindsight.state.store import CorruptShard, RolloutStore
 from test_correctness import _rl_cfg, _tiny
 
 
@@ -53,7 +53,7 @@ def test_a_corrupt_shard_is_generated_again_and_training_ends_where_a_clean_run_
     run.rollout(1), run.score(1)  # stored and scored, then the process dies before training it
     run.close()
     _flip(run.store.path(component, 1))
-    with caplog.at_level(logging.WARNING, logger="hindsight.store"):
+    with caplog.at_level(logging.WARNING, logger="hindsight.state.store"):
         resumed = RLRun(cfg, init, None)
         assert resumed.start_step == 1
         _, rollout = resumed.rollout(1)
@@ -79,7 +79,7 @@ def test_a_flipped_bit_in_a_checkpoint_falls_back_to_the_newest_intact_version(t
     _steps(run, [1])
     run.close()
     _flip(run.ckpt.root / victim)
-    with caplog.at_level(logging.WARNING, logger="hindsight.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hindsight.state.checkpoint"):
         resumed = RLRun(cfg, init, None)
     assert resumed.start_step == 1
     assert f"checkpoint step 2 is corrupt ({victim}" in caplog.text and "resuming from step 1" in caplog.text

@@ -1,10 +1,11 @@
 """The learner on the tiny model: the stored batch is really reused across iterations."""
 import torch
 
-from hindsight.algorithms.losses import LossSettings
-from hindsight.learner import LearnerSettings, update
-from hindsight.models import build_tiny_model, load_causal_lm, load_tokenizer
-from hindsight.rollout.hf import completion_mask, generate
+from hindsight.learning.algorithms.losses import LossSettings
+from hindsight.learning.update import LearnerSettings, update
+from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.models.tiny import build_tiny_model
+from hindsight.rollout.greedy import completion_mask, generate
 
 
 def test_completion_mask_stops_after_first_eos():

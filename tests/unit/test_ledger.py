@@ -3,7 +3,7 @@ expiry, no group trained twice, and a resume rolling back what the kept weights 
 import pytest
 
 from hindsight.errors import CheckpointError
-from hindsight.ledger import Ledger
+from hindsight.state.ledger import Ledger
 
 
 def test_a_group_moves_through_every_state_once(tmp_path):

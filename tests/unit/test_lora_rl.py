@@ -3,9 +3,9 @@ copy) and equals the base model; checkpoints hold the adapter, resume from it, a
 adapter folder loads (merged) like any model."""
 import torch
 
-from hindsight.lora import AdapterDisabled, engine_parameters, is_adapter_dir, trainable_parameters
-from hindsight.models import load_causal_lm
-from hindsight.rl import RLRun
+from hindsight.models.lora import AdapterDisabled, engine_parameters, is_adapter_dir, trainable_parameters
+from hindsight.models.load import load_causal_lm
+from hindsight.coordination.run import RLRun
 from test_correctness import _rl_cfg, _tiny
 
 LORA = {"enabled": True, "r": 4, "alpha": 8}

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hindsight.history import MetricsLog
-from hindsight.metrics import percentile, rollout_metrics, zero_variance_fraction
+from hindsight.lookback.history import MetricsLog
+from hindsight.lookback.metrics import percentile, rollout_metrics, zero_variance_fraction
 
 
 def test_percentile_matches_numpy():
@@ -49,7 +49,7 @@ def test_metrics_log_merges_steps_skips_a_torn_line_and_truncates(tmp_path):
 
 
 def test_the_reward_band_stays_within_the_observed_rewards():
-    from hindsight.plots import reward_band, reward_curve
+    from hindsight.lookback.plots import reward_band, reward_curve
 
     history = [{"step": 1, "reward/mean": 0.1, "reward/std": 0.3, "reward/min": 0.0, "reward/max": 1.0},
                {"step": 2, "reward/mean": 0.9, "reward/std": 0.3, "reward/min": 0.0, "reward/max": 1.0},

@@ -2,7 +2,7 @@
 is still one valid, escaped UTF-8 page: stored data is never markup."""
 import html.parser
 
-from hindsight.report import render_step_report
+from hindsight.lookback.report import render_step_report
 
 EVIL = '"><script>alert(1)</script><x a="'
 

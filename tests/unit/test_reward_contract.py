@@ -6,11 +6,12 @@ import torch
 from trl.rewards import get_soft_overlong_punishment
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
-from hindsight.evaluate import accuracy
-from hindsight.models import build_tiny_model, load_causal_lm, load_tokenizer
-from hindsight.rl import RLRun
-from hindsight.scoring import reward_calls, score_completions
+from hindsight.data.demo import build_demo_data
+from hindsight.scoring.evaluate import accuracy
+from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.models.tiny import build_tiny_model
+from hindsight.coordination.run import RLRun
+from hindsight.scoring.rewards import reward_calls, score_completions
 
 # TRL's own reward, unchanged: it reads only `completion_ids`, by keyword
 overlong = get_soft_overlong_punishment(max_completion_len=4, soft_punish_cache=2)

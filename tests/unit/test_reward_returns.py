@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from hindsight.errors import RewardError
-from hindsight.reward_worker import RewardWorker
-from hindsight.scoring import score_completions
+from hindsight.scoring.guarded import RewardWorker
+from hindsight.scoring.rewards import score_completions
 
 pytestmark = pytest.mark.integration  # each case also runs in a reward worker process
 

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from hindsight.errors import RewardError
-from hindsight.scoring import load_reward_fn, score_completions
+from hindsight.scoring.rewards import load_reward_fn, score_completions
 from rewards.exact import exact_answer
 from rewards.format import number_only, regex_reward, think_answer_format
 from rewards.math import math_answer
@@ -76,7 +76,7 @@ def test_unimportable_reward_is_a_clear_error():
 def test_reward_worker_bounds_a_hanging_reward_and_recovers(tmp_path, monkeypatch):
     import time
 
-    from hindsight.reward_worker import RewardWorker
+    from hindsight.scoring.guarded import RewardWorker
 
     (tmp_path / "slow_rewards.py").write_text(
         "import time, math\n"

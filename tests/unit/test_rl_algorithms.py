@@ -5,9 +5,9 @@ import torch
 from safetensors.torch import load_file
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model
-from hindsight.rl import RLRun
+from hindsight.data.demo import build_demo_data
+from hindsight.models.tiny import build_tiny_model
+from hindsight.coordination.run import RLRun
 
 
 def varied_reward(completions, **_):

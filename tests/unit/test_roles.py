@@ -7,7 +7,7 @@ from hindsight.errors import CheckpointError
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.rl import RLRun
+from hindsight.coordination.run import RLRun
 
 
 
@@ -60,7 +60,7 @@ def test_a_step_cut_short_keeps_its_sealed_groups(init, tmp_path, monkeypatch, g
     samples only the rest, and the step's shard equals an uninterrupted run's. One group at a
     time, 0-2 were written; in batches of 2, a batch is written whole, so {0, 1} was and
     {2, 3} was not."""
-    from hindsight.roles.rollout import RolloutWorker
+    from hindsight.rollout.worker import RolloutWorker
 
     work, path = init
     rollout = {"max_new_tokens": 5, "groups_per_batch": groups_per_batch}
@@ -115,7 +115,7 @@ def test_a_batch_split_by_an_earlier_run_is_sampled_whole_again(init, tmp_path):
 def test_a_retried_rollout_task_releases_its_work_in_the_same_process(init, tmp_path, monkeypatch):
     """A Prefect retry calls rollout(step) again on the same run: the first attempt's leases
     are void, its written groups kept, the rest issued again."""
-    from hindsight.roles.rollout import RolloutWorker
+    from hindsight.rollout.worker import RolloutWorker
 
     work, path = init
     run = RLRun(_cfg(work, tmp_path / "retry", rollout={"max_new_tokens": 5, "groups_per_batch": 1}), path, None)

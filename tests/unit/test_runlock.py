@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from hindsight.runlock import LOCK_NAME, RunLocked, run_lock
+from hindsight.state.runlock import LOCK_NAME, RunLocked, run_lock
 
 pytestmark = pytest.mark.integration  # the holder is another process
 
-HOLD = ("import sys\nfrom hindsight.runlock import run_lock\n"
+HOLD = ("import sys\nfrom hindsight.state.runlock import run_lock\n"
         "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n")
 
 

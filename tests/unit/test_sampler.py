@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from hindsight.logprobs import group_token_logprobs, shares_prompts, token_logprobs
-from hindsight.models import load_causal_lm, load_tokenizer
-from hindsight.rollout.sampler import gumbel_noise, nucleus_logits, pick_tokens, sample_groups
+from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.rollout.hf import gumbel_noise, nucleus_logits, pick_tokens, sample_groups
 
 PROMPTS = ["Ann has 40 pens and gets 13 more. How many pens now? A: ", "Q: 12+7+5= A: ", "Bob has 9 cats. A: "]
 

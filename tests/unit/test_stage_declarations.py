@@ -90,7 +90,7 @@ def test_a_data_file_outside_the_dvc_dir_is_hashed(workspace):
 
 
 def test_negative_ft_reruns_when_new_shards_are_stored(workspace):
-    from hindsight.store import RolloutStore
+    from hindsight.state.store import RolloutStore
 
     _, cfg = workspace
     before = _key(NEGATIVE_FT, cfg)

@@ -1,11 +1,12 @@
 import pytest
 import torch
 
-from hindsight.checkpoint import CheckpointManager, checkpoint_due, checkpoint_spans
+from hindsight.state.checkpoint import CheckpointManager, checkpoint_due, checkpoint_spans
 from hindsight.errors import CheckpointError, StorageError
-from hindsight.models import build_tiny_model, load_causal_lm, load_tokenizer
-from hindsight.rl import prompt_indices
-from hindsight.store import RolloutStore
+from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.models.tiny import build_tiny_model
+from hindsight.coordination.run import prompt_indices
+from hindsight.state.store import RolloutStore
 
 
 def test_store_round_trip_and_step_listing(tmp_path):
@@ -58,7 +59,7 @@ def test_a_span_of_steps_ends_where_the_update_writes_a_checkpoint(start, steps,
 def test_a_failed_step_follow_up_is_not_retried_in_place_and_a_done_one_moves_the_retry_on():
     from types import SimpleNamespace
 
-    from hindsight.rl import RLRun
+    from hindsight.coordination.run import RLRun
 
     run = SimpleNamespace(updating=False, next_step=3)
     with pytest.raises(RuntimeError):
@@ -80,7 +81,7 @@ def test_prompt_cursor_is_a_pure_function_of_step():
 
 
 def test_force_new_run_moves_the_old_state_aside(tmp_path):
-    from hindsight.resume import archive_run_dir
+    from hindsight.coordination.resume import archive_run_dir
 
     (tmp_path / "rl").mkdir()
     (tmp_path / "rl" / "keep.txt").write_text("old state")
@@ -118,7 +119,7 @@ def test_disk_full_mid_checkpoint_keeps_the_previous_version(tmp_path, monkeypat
 
 
 def test_a_column_reads_the_same_values_as_the_rows(tmp_path):
-    from hindsight.store import RolloutStore
+    from hindsight.state.store import RolloutStore
 
     rows = [{"group": g, "weights_version": g % 3, "completion_ids": list(range(g))} for g in range(7)]
     RolloutStore(tmp_path).write("rollouts", 4, rows)

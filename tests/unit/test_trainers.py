@@ -2,9 +2,10 @@
 import torch
 
 from hindsight.config import LoraConfig
-from hindsight.data import build_demo_data
-from hindsight.models import build_tiny_model, load_causal_lm
-from hindsight.trainers import train_sft
+from hindsight.data.demo import build_demo_data
+from hindsight.models.load import load_causal_lm
+from hindsight.models.tiny import build_tiny_model
+from hindsight.learning.trainers import train_sft
 
 
 def test_sft_with_lora_merges_into_a_plain_checkpoint(tmp_path):

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
-from hindsight.data import build_demo_data
+from hindsight.data.demo import build_demo_data
 from hindsight.errors import ConfigError
-from hindsight.models import build_tiny_model
-from hindsight.rl import RLRun
+from hindsight.models.tiny import build_tiny_model
+from hindsight.coordination.run import RLRun
 from hindsight.rollout import vllm as vllm_backend
-from hindsight.rollout.hf import generate
+from hindsight.rollout.greedy import generate
 
 
 def test_experience_from_samples_pads_like_the_hf_backend():
@@ -69,7 +69,7 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
 
         preflight(RL, cfg)  # the stage's declared preflight refuses before loading anything
     run = RLRun(cfg, init, None)
-    from hindsight.models import load_causal_lm
+    from hindsight.models.load import load_causal_lm
 
     engine = StandInEngine(load_causal_lm(init))
     run.rollout_workers[0].engine = engine
@@ -103,7 +103,7 @@ def _nucleus_run(tmp_path, **rl):
                "rollout": {"backend": "vllm", "max_new_tokens": 4, "top_p": 0.7},
                "rewards": [{"fn": "test_vllm_backend:varied"}], **rl}})
     run = RLRun(cfg, init, None)
-    from hindsight.models import load_causal_lm
+    from hindsight.models.load import load_causal_lm
 
     run.rollout_workers[0].engine = NucleusEngine(load_causal_lm(init))
     run.rollout(0), run.score(0)
@@ -130,7 +130,7 @@ def test_truncated_importance_sampling_weights_the_engine_gap(tmp_path):
 
 
 def test_tis_weights_by_hand():
-    from hindsight.algorithms.losses import tis_weights
+    from hindsight.learning.algorithms.losses import tis_weights
 
     old, engine = torch.tensor([[-1.0, -1.0, 0.0]]), torch.tensor([[-2.0, -0.5, 0.0]])
     w = tis_weights(old, engine, cap=2.0)                       # exp(1) capped at 2, exp(-0.5)

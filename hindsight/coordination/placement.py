@@ -1,0 +1,320 @@
+"""Rollout workers as Ray actors: the only module that imports ray (lazily, when used).
+
+The coordinator (the RL stage) leases groups to the actors through the ledger. When an actor
+dies (Ray reports it) or its lease expires, the groups it had not written go back to pending
+and are leased again, to a healthy actor or to a restarted one, which first takes the current
+weights version. Each group's seed is fixed, so the regenerated group is the one that was
+lost. Every death and reassignment is logged, written to `rl/workers.jsonl` and counted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+from hindsight.errors import ConfigError
+from hindsight.state.fsutil import append_line, atomic_write_json, read_json
+from hindsight.state.ledger import Ledger
+from hindsight.coordination.roles import deal
+from hindsight.learning.group import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend, share_of
+from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
+from hindsight.scoring.scorer import Scorer, score_batch
+
+log = logging.getLogger("hindsight.workers")
+
+
+def start_ray(address: str | None, needs: dict[str, float] | None = None, wait_s: float = 30.0):
+    """Join `address` (or $RAY_ADDRESS), else start an embedded local Ray sized to this machine.
+    Refuses a worker layout that asks for more CPUs or GPUs than the cluster has, before any model loads."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not ray.is_initialized():
+        kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False, ignore_reinit_error=True)
+        try:
+            if address:
+                _reachable(address, wait_s)
+                ray.init(address=address, **kwargs)
+            else:
+                ray.init(num_cpus=os.cpu_count() or 1, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as exc:  # ray raises several types for an unreachable or broken cluster
+            raise ConfigError(f"rl.workers: cannot start or join Ray at {address or 'a local embedded cluster'}: "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    for kind, need in (needs or {}).items():
+        have = ray.cluster_resources().get(kind, 0.0)
+        if need > have:
+            raise ConfigError(f"rl.workers asks for {need:g} {kind}s, but the Ray cluster has {have:g}")
+    return ray
+
+
+def request_scale(run_dir: str | Path, rollout: int) -> Path:
+    """`hindsight scale`: ask a running RL stage for `rollout` workers from its next step on."""
+    rl_dir = Path(run_dir) / "rl" if (Path(run_dir) / "rl").is_dir() else Path(run_dir)
+    if not (rl_dir / "config.json").exists():
+        raise ConfigError(f"{run_dir}: not an RL run directory (no rl/config.json)")
+    if rollout < 1:
+        raise ConfigError(f"--rollout {rollout}: a run needs at least 1 rollout worker")
+    path = rl_dir / "scale.json"
+    atomic_write_json(path, {"rollout": rollout})
+    return path
+
+
+def actor_env(workers) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("HINDSIGHT_FAULT",) if k in os.environ}  # the fault tests' hook
+    if not (workers.ray_address or os.environ.get("RAY_ADDRESS")):
+        # an embedded cluster runs this machine's code: its actors import what this process can
+        # (a reward module beside the config, not installed), as a reward worker process does
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def _reachable(address: str, wait_s: float) -> None:
+    """A bounded check, so a wrong address is one clear error, not Ray's long retry loop."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=wait_s).close()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"rl.workers.ray_address: {address} cannot be reached ({exc})") from None
+
+
+class _Pool:
+    """Actors of one role: started, replaced when one dies, every death recorded."""
+    role = "worker"
+
+    def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple):
+        self.ray = start_ray(workers.ray_address)  # the stage's preflight checked the cluster's size
+        ttl_s, res = workers.lease_ttl_s, workers.of(self.role)
+        self.actor_cls = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
+                                         runtime_env={"env_vars": actor_env(workers)})(actor_cls)
+        self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
+        self.ledger = Ledger(rl_dir)
+        self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
+        for _ in range(n):
+            self._spawn()
+
+    def _spawn(self) -> str:
+        actor_id = f"{self.role}-{self.spawned}"
+        self.spawned += 1
+        self.actors[actor_id] = self.actor_cls.remote(actor_id, *self.args)
+        self.hosts[actor_id] = self.ray.get(self.actors[actor_id].where.remote())  # for the death record
+        return actor_id
+
+    def _replace(self, step: int, actor_id: str, why: str, written: list[int], back: list[int]) -> None:
+        self.ray.kill(self.actors.pop(actor_id))
+        new_id = self._spawn()
+        self.deaths += 1
+        self.reassigned += len(back)
+        event = {"time": time.time(), "step": step, "role": self.role, "worker": actor_id,
+                 "host": self.hosts.pop(actor_id, "?"), "why": why, "written": written, "reassigned": back,
+                 "replacement": new_id}
+        append_line(self.dir / "workers.jsonl", json.dumps(event))
+        log.warning("%s %s on %s %s at step %d: kept groups %s, reassigning %s; started %s",
+                    self.role, actor_id, event["host"], why, step, written, back, new_id)
+
+    def _run(self, calls: dict):
+        """Wait for the calls (ref -> actor id) up to the lease time; yields (actor id, result or
+        None if the actor died or overran, why)."""
+        done, late = self.ray.wait(list(calls), num_returns=len(calls), timeout=self.ttl)
+        for ref in done:
+            try:
+                result = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                yield calls[ref], None, "died"
+                continue
+            except self.ray.exceptions.RayTaskError as exc:  # the role's own error: raise it as itself
+                raise exc.as_instanceof_cause() from None
+            yield calls[ref], result, None
+        for ref in late:
+            yield calls[ref], None, "lease expired"
+
+    def metrics(self) -> dict:
+        return {f"workers/{self.role}_deaths": float(self.deaths),
+                f"workers/{self.role}_reassigned_groups": float(self.reassigned)}
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            self.ray.kill(actor)
+        self.actors = {}
+
+
+class RayRolloutPool(_Pool):
+    role = "rollout"
+
+    def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str):
+        self.version, self.weights, self.rl = 0, None, rl
+        super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path))
+
+    def _spawn(self) -> str:
+        actor_id = super()._spawn()
+        if self.weights is not None:  # a restarted or added worker serves nothing before it syncs
+            self.ray.get(self.actors[actor_id].load_weights.remote(self.version, self.weights))
+        return actor_id
+
+    def resize(self, step: int) -> None:
+        """Apply a `hindsight scale` request (`rl/scale.json`) at a step boundary: an added worker
+        syncs the current weights before its first lease; a removed one finished its last lease."""
+        want = (read_json(self.dir / "scale.json", default=None) or {}).get("rollout")
+        if not want or want == len(self.actors):
+            return
+        before = list(self.actors)
+        while len(self.actors) < want:
+            self._spawn()
+        for actor_id in list(self.actors)[want:]:
+            self.ray.kill(self.actors.pop(actor_id))
+        event = {"time": time.time(), "step": step, "role": self.role, "scaled": [len(before), want],
+                 "workers": list(self.actors)}
+        append_line(self.dir / "workers.jsonl", json.dumps(event))
+        log.warning("rollout workers scaled from %d to %d at step %d", len(before), want, step)
+
+    def publish(self, version: int, state_dict) -> None:
+        """A new weights version for every actor, through Ray's object store (put once)."""
+        self.version, self.weights = version, self.ray.put(state_dict)
+        self.ray.get([a.load_weights.remote(version, self.weights) for a in self.actors.values()])
+
+    def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:
+        """Lease every task's group until all are sealed; returns the role's worker metrics."""
+        todo, k = list(tasks), self.rl.rollout.groups_per_batch
+        while todo:
+            calls = {}
+            todo = with_batch_mates(todo, tasks, k)  # a reassigned group is sampled in its own batch again
+            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), partial(batch_of, groups_per_batch=k))):
+                mine = [t.group for t in share if t.write]
+                if mine:
+                    self.ledger.move(step, mine, "leased", worker=actor_id, ttl_s=self.ttl)
+                    calls[self.actors[actor_id].generate.remote(share, self.version)] = actor_id
+            for actor_id, sealed, why in self._run(calls):
+                if why is None:
+                    self.ledger.move(step, sealed, "sealed")
+                    continue
+                leased = [g for g, e in self.ledger.read(step).items() if e.state == "leased" and e.worker == actor_id]
+                written = [g for g in leased if store.has_part("rollouts", step, g)]
+                if written:
+                    self.ledger.move(step, written, "sealed")
+                self._replace(step, actor_id, why, written, self.ledger.take_back(step, actor_id))
+            todo = [t for t in tasks if t.group in self.ledger.in_state(step, "pending")]
+        return self.metrics()
+
+
+class RayScorerPool(_Pool):
+    role = "scorer"
+
+    def __init__(self, n: int, rl, init_path: str, rm_path: str | None, dtype: str, rl_dir: Path):
+        self.rl = rl
+        super().__init__(ScorerActor, n, rl.workers, rl_dir, (rl, init_path, rm_path, dtype, str(rl_dir)))
+
+    def dispatch(self, step: int, groups: list[int], store) -> dict[str, int]:
+        """Score every group (a part each); a dead scorer's unwritten groups go to its replacement."""
+        failures: dict[str, int] = {}
+        todo = list(groups)
+        while todo:
+            calls, given = {}, {}
+            unit = partial(score_batch, groups_per_batch=self.rl.rollout.groups_per_batch)
+            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), unit)):
+                if share:
+                    calls[self.actors[actor_id].score.remote(step, share)] = actor_id
+                    given[actor_id] = share
+            for actor_id, counts, why in self._run(calls):
+                if why is None:
+                    for name, n in counts.items():
+                        failures[name] = failures.get(name, 0) + n
+                    continue
+                written = [g for g in given[actor_id] if store.has_part("scores", step, g)]
+                self._replace(step, actor_id, why, written, [g for g in given[actor_id] if g not in written])
+            todo = [g for g in groups if not store.has_part("scores", step, g)]
+        return failures
+
+
+class ScorerActor:
+    """A scorer in its own process, with its own reference model, reward model and reward worker."""
+
+    def __init__(self, scorer_id: str, rl, init_path: str, rm_path: str | None, dtype: str, store_root: str):
+        self.scorer = Scorer.from_paths(scorer_id, rl, init_path, rm_path, dtype, store_root)
+
+    def score(self, step: int, groups: list[int]) -> dict[str, int]:
+        return self.scorer.score(step, groups)
+
+    def where(self) -> str:
+        return _where()
+
+
+class LearnerGroup:
+    """Learner ranks 1..P-1 as Ray actors; this process is rank 0 (see `hindsight.learning.group`)."""
+
+    def __init__(self, world: int, rl, paths: dict, dtype: str, pad_id: int, seed: int, policy, critic):
+        import socket
+
+        import torch.distributed as dist
+
+        self.ray = start_ray(rl.workers.ray_address)
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        init = f"tcp://{self.ray.util.get_node_ip_address()}:{port}"
+        res = rl.workers.of("learner")
+        peer = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
+                               runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
+        self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
+                                  paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]
+        dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world,
+                                timeout=group_timeout(rl))
+        broadcast_from_rank0(policy, critic)
+        self.ray.get([p.ready.remote() for p in self.peers])
+        self.world, self.pids = world, None
+
+    def update(self, exp, groups: list[int], policy, optimizer, critic, critic_optimizer, s) -> dict:
+        """Advantages (and the critic's values and returns) on the whole batch here, then every
+        rank trains on its share; returns rank 0's metrics."""
+        import torch
+
+        from hindsight.learning.critic import token_values
+        from hindsight.learning.update import compute_advantages, update
+
+        if s.estimator.needs_critic:
+            with torch.no_grad():
+                exp.values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1)).cpu()
+        exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
+        exp.meta["groups"] = groups
+        lr = optimizer.param_groups[0]["lr"]
+        calls = [p.update.remote(vars(exp), lr) for p in self.peers]
+        index, share = share_of(exp, 0, self.world, s.loss.loss_agg)
+        metrics = update(policy, optimizer, exp.rows(index), s, critic, critic_optimizer, share=share)
+        self.ray.get(calls)
+        return metrics
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        for p in self.peers:
+            self.ray.kill(p)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RolloutActor:
+    """A rollout worker in its own process, built there from files (a model is never pickled)."""
+
+    def __init__(self, worker_id: str, policy_path: str, dtype: str, rl, seed: int, store_root: str, init_path: str):
+        self.worker = RolloutWorker.from_paths(worker_id, policy_path, dtype, rl, seed, store_root, init_path)
+
+    def load_weights(self, version: int, state_dict) -> None:
+        self.worker.load_weights(version, state_dict)
+
+    def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
+        return self.worker.generate(tasks, version)
+
+    def where(self) -> str:
+        return _where()
+
+
+def _where() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -1,0 +1,74 @@
+"""Resuming an RL run: check the stored fingerprint, re-score after a scoring change, move
+old state aside on request, and recompute what a resume must honour (the alerts' lr cuts)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from hindsight.state.fingerprint import Changes, check_resume, compare
+from hindsight.state.fsutil import append_line, atomic_write_json, read_json
+from hindsight.lookback.history import read_rows
+
+log = logging.getLogger("hindsight.coordination.resume")
+
+
+def prepare_resume(rl_dir: Path, fingerprint: dict, start: int, steps: int) -> Changes:
+    """Compare the config's fingerprint with the stored one, before anything is loaded or sampled.
+    Refuses sampling and algorithm changes; a scoring change moves the score shards of the steps
+    still to train aside (they are scored again); a training change is logged. Then the config's
+    fingerprint is what is stored: it is on disk before the run's first shard."""
+    path = rl_dir / "fingerprint.json"
+    stored = read_json(path, default=None)
+    changes = compare(stored, fingerprint) if stored else Changes()
+    check_resume(changes, rl_dir, start, steps)
+    if changes.keys("scoring"):
+        moved = _set_scores_aside(rl_dir, start)
+        log.warning("rl: scoring settings changed (%s): %d stored score shard(s) from step %d on moved to %s and "
+                    "scored again", changes.describe("scoring"), moved, start, rl_dir / "rescored")
+    if changes.by_section:
+        append_line(rl_dir / "resume-changes.jsonl", json.dumps(
+            {"step": start, "time": time.time(), "changes": {s: {k: list(v) for k, v in d.items()}
+                                                             for s, d in changes.by_section.items()}}, default=str))
+    if changes.by_section or stored is None:
+        atomic_write_json(path, fingerprint)
+    return changes
+
+
+def _set_scores_aside(rl_dir: Path, start: int) -> int:
+    """Score shards and parts of steps >= start go under rl/rescored/<time>/ (kept, never deleted)."""
+    target = rl_dir / "rescored" / time.strftime("%Y%m%d-%H%M%S")
+    moved = 0
+    for shard in sorted((rl_dir / "scores").glob("step-*.parquet")):
+        if int(shard.stem.split("-")[1]) >= start:
+            (target / "scores").mkdir(parents=True, exist_ok=True)
+            os.replace(shard, target / "scores" / shard.name)
+            moved += 1
+    parts = rl_dir / "parts" / "scores"
+    if parts.exists():
+        target.mkdir(parents=True, exist_ok=True)
+        os.replace(parts, target / "parts")
+    return moved
+
+
+def archive_run_dir(run_dir: Path) -> Path | None:
+    """--force: move a stage's old state aside (never delete it) so the stage starts fresh."""
+    if not run_dir.exists():
+        return None
+    stamp, n = time.strftime('%Y%m%d-%H%M%S'), 0
+    while (target := run_dir.with_name(f"{run_dir.name}.old-{stamp}" + (f"-{n}" if n else ""))).exists():
+        n += 1
+    run_dir.rename(target)
+    return target
+
+
+def lr_multiplier(alerts_file: Path, up_to_step: int) -> float:
+    """The product of the `lower_lr` factors fired up to a step, from the alert log: each factor
+    stays its own record, so a resume can apply a new rl.lr and still honour them."""
+    out = 1.0
+    for alert in read_rows(alerts_file, up_to_step):
+        if alert.get("action") == "lower_lr":
+            out *= alert.get("factor", 1.0)
+    return out

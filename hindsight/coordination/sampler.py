@@ -1,0 +1,198 @@
+"""The asynchronous sampler (`rl.async.max_staleness: k >= 1`): a rollout worker and a scorer in a
+process of their own, so sampling and scoring step s overlap the learner training steps
+s - k .. s - 1, and the learner's process only trains.
+
+The schedule is fixed, not "as fast as it can": step s is always sampled with weights version
+s - k (version 0 for s < k). The coordinator submits step s the moment version s - k exists,
+sends each new version as it is made, and reads results in order. A run is then as
+deterministic as a synchronous one, and the store holds the k steps ahead of the weights,
+which a resume trains on instead of sampling them again.
+
+The child process owns a policy copy, the scorer's models and the store's part files; the
+coordinator keeps the ledger. They talk over two pipes: JSON headers, and weights as safetensors bytes (no
+pickle). If the coordinator dies (SIGKILL included), the kernel kills the child
+(PR_SET_PDEATHSIG), and a part it was writing is either whole or absent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hindsight.errors import StageError
+from hindsight.rollout.worker import GroupTask
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """What the child needs to build its worker (sent as JSON)."""
+    rl: object
+    policy_path: str
+    dtype: str
+    seed: int
+    store_root: str
+    init_path: str
+    version: int
+    threads: int
+    rm_path: str | None = None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "rl": self.rl.model_dump(mode="json", by_alias=True)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SamplerSpec":
+        from hindsight.config import RLConfig
+
+        return cls(**{**d, "rl": RLConfig.model_validate(d["rl"])})
+
+
+def version_for(step: int, k: int) -> int:
+    """The weights version step `step` is sampled with: exactly step - k, or the initial weights."""
+    return max(step - k, 0)
+
+
+def split_threads(cores: int) -> tuple[int, int]:
+    """(sampler, learner) intra-op threads on a CPU: the two run at once, so they split the cores."""
+    sampler = max(1, cores // 2)
+    return sampler, max(1, cores - sampler)
+
+
+class AsyncSampler:
+    def __init__(self, spec: SamplerSpec, log_path: Path):
+        cmd_r, self._cmd_w = os.pipe()
+        self._res_r, res_w = os.pipe()
+        # a fresh interpreter, not multiprocessing's spawn, which would re-import the caller's
+        # __main__ (a user's script without a main guard would run again in the child)
+        code = f"from hindsight.coordination.sampler import serve; serve({cmd_r}, {res_w})"
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(cmd_r, res_w), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        os.close(cmd_r), os.close(res_w)
+        self._cmd = os.fdopen(self._cmd_w, "wb")
+        self.results: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="hindsight-sampler-results").start()
+        self.submitted: dict[int, list[int]] = {}  # step -> groups asked for
+        self.finished: dict[int, list[int]] = {}
+        send(self._cmd, {"kind": "start", "spec": spec.to_json()})
+
+    def _read(self) -> None:
+        with os.fdopen(self._res_r, "rb") as fh:
+            while (msg := recv(fh)) is not None:
+                self.results.put(msg[0])
+
+    def publish(self, version: int, state_dict) -> None:
+        from safetensors.torch import save
+
+        payload = save({k: v.detach().cpu().clone() for k, v in state_dict.items()})  # clone: tied weights share memory
+        send(self._cmd, {"kind": "weights", "version": version}, payload)
+
+    def submit(self, step: int, tasks: list[GroupTask], version: int) -> None:
+        self.submitted[step] = [t.group for t in tasks if t.write]
+        send(self._cmd, {"kind": "sample", "step": step, "version": version, "tasks": [asdict(t) for t in tasks]})
+
+    def wait(self, step: int) -> dict:
+        """{"groups": written, "failures": reward failures}, once the sampler has sampled and scored
+        `step` (results come in order).
+        A slow sampler is waited for; a dead one fails the step at once."""
+        while step not in self.finished:
+            try:
+                msg = self.results.get(timeout=1.0)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise StageError(f"rl.async: the sampler process died (exit {self.proc.returncode}) before "
+                                     f"finishing step {step} (its log: {self.log_path}); rerun to resume from the "
+                                     f"newest checkpoint") from None
+                continue
+            if msg["kind"] == "error":
+                raise StageError(f"rl.async: the sampler failed on step {msg['step']}: {msg['error']}")
+            self.finished[msg["step"]] = msg
+        return self.finished.pop(step)
+
+    def close(self) -> None:
+        try:
+            send(self._cmd, {"kind": "stop"})
+            self._cmd.close()
+            self.proc.wait(timeout=10)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def send(fh, header: dict, payload: bytes = b"") -> None:
+    """One message: a JSON header line with the payload's size, then the payload (safetensors)."""
+    fh.write(json.dumps({**header, "nbytes": len(payload)}).encode() + b"\n" + payload)
+    fh.flush()
+
+
+def recv(fh) -> tuple[dict, bytes] | None:
+    line = fh.readline()
+    if not line:
+        return None  # the other end closed: the coordinator ended, or the sampler did
+    header = json.loads(line)
+    return header, fh.read(header["nbytes"]) if header["nbytes"] else b""
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux); elsewhere the closed
+    command pipe ends it at its next read."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(cmd_fd: int, res_fd: int) -> None:
+    """The sampler process: build the worker, then take weights and steps in order."""
+    _die_with_parent()
+    import torch
+    from safetensors.torch import load
+
+    from hindsight.rollout.worker import RolloutWorker
+    from hindsight.scoring.scorer import Scorer
+
+    inbox: queue.Queue = queue.Queue()
+
+    def drain(fh) -> None:
+        """Read commands as they come, also while a step is being sampled: the coordinator's
+        write of a new weights version then never waits for the current step to finish."""
+        while (msg := recv(fh)) is not None:
+            inbox.put(msg)
+        inbox.put(None)
+
+    with os.fdopen(cmd_fd, "rb") as commands, os.fdopen(res_fd, "wb") as results:
+        threading.Thread(target=drain, args=(commands,), daemon=True).start()
+        worker = None
+        while (msg := inbox.get()) is not None:
+            header, payload = msg
+            if header["kind"] == "stop":
+                return
+            if header["kind"] == "start":
+                spec = SamplerSpec.from_json(header["spec"])
+                torch.set_num_threads(spec.threads)
+                worker = RolloutWorker.from_paths("sampler", spec.policy_path, spec.dtype, spec.rl, spec.seed,
+                                                  spec.store_root, spec.init_path)
+                worker.load_weights(spec.version)
+                scorer = Scorer.from_paths("sampler-scorer", spec.rl, spec.init_path, spec.rm_path, spec.dtype,
+                                           spec.store_root)
+            elif header["kind"] == "weights":
+                worker.load_weights(header["version"], load(payload))
+            else:
+                step = header["step"]
+                try:
+                    tasks = [GroupTask(**t) for t in header["tasks"]]
+                    written = worker.generate(tasks, header["version"])
+                    failures = scorer.score(step, written) if written else {}
+                    send(results, {"kind": "done", "step": step, "groups": written, "failures": failures})
+                except Exception as exc:  # reported to the coordinator, which fails the step with it
+                    send(results, {"kind": "error", "step": step,
+                                   "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"})

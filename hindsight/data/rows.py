@@ -1,0 +1,142 @@
+"""Datasets: line-numbered JSONL/parquet/hub loading, JSONL writing, and the DVC md5 of a data folder."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from hindsight.data.chat import normalise_row
+from hindsight.errors import DataError
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """Read a JSONL file; every error names the file and the 1-based line."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: data file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: data path is a directory, not a JSONL file")
+    rows = []
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {raw[exc.start]:#04x} at column "
+                                f"{exc.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            missing = [c for c in required if c not in row]
+            if missing:
+                raise DataError(f"{path}:{lineno}: missing required column(s) {missing}")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: dataset is empty")
+    return rows
+
+
+def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
+              columns: dict[str, str] | None = None, limit: int | None = None) -> list[dict]:
+    """Load a local .jsonl/.parquet file or a hub dataset (`hf://name[:config]`).
+
+    `columns` renames source columns to the names the stage expects, so GSM8K's
+    `question`/`answer` can feed `prompt`/`answer` without a conversion step.
+    """
+    if source.startswith("hf://"):
+        rows = _load_hub_rows(source.removeprefix("hf://"), split)
+    elif source.endswith(".parquet"):
+        rows = _load_parquet_rows(source)
+    else:
+        rows = read_jsonl(source)
+    if columns:
+        rows = [{columns.get(k, k): v for k, v in r.items()} for r in rows]
+    rows = [normalise_row(r, required) for r in rows]  # conversational columns -> the ones asked for
+    for i, row in enumerate(rows):
+        where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
+        missing = [c for c in required if c not in row]
+        if missing:
+            raise DataError(f"{where}: missing required column(s) {missing}")
+        for column in required:
+            _check_text(row[column], f"{where}: column {column!r}")
+    return rows[:limit] if limit else rows
+
+
+def _check_text(value, where: str) -> None:
+    """A text column holds a string, or chat messages ({role, content} with string content), of
+    valid Unicode: checked here so a bad row fails in preflight, not after the model has loaded."""
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        for j, message in enumerate(value):
+            if not isinstance(message.get("role"), str) or "content" not in message:
+                raise DataError(f"{where}: message {j} needs a string 'role' and a 'content'")
+            _check_text(message["content"], f"{where}: message {j} content")
+        return
+    if not isinstance(value, str):
+        raise DataError(f"{where} must be text (or a list of chat messages), got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{where} holds a lone surrogate ({value[exc.start]!a} at character {exc.start}), "
+                        f"which is not valid Unicode text") from None
+
+
+def _load_parquet_rows(path: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    if not Path(path).exists():
+        raise DataError(f"{path}: data file not found")
+    rows = pq.read_table(path).to_pylist()
+    if not rows:
+        raise DataError(f"{path}: dataset is empty")
+    return rows
+
+
+def _load_hub_rows(spec: str, split: str) -> list[dict]:
+    from datasets import load_dataset
+
+    name, _, config = spec.partition(":")
+    return list(load_dataset(name, config or None, split=split))
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+# --- DVC-compatible hashing ----------------------------------------------------------
+
+def file_md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def dvc_dir_md5(directory: str | Path) -> str:
+    """The md5 DVC 3 pins for a tracked directory: md5 of its sorted JSON listing + '.dir'.
+
+    Computed here so the pipeline can check data against `data.dvc` without importing dvc;
+    a test checks it against `dvc add` itself.
+    """
+    directory = Path(directory)
+    entries = [
+        {"md5": file_md5(p), "relpath": p.relative_to(directory).as_posix()}
+        for p in sorted(directory.rglob("*"), key=lambda p: p.relative_to(directory).as_posix())
+        if p.is_file()
+    ]
+    blob = json.dumps(entries, sort_keys=True).encode("utf-8")
+    return hashlib.md5(blob).hexdigest() + ".dir"
+
+
+def pinned_md5(dvc_file: str | Path) -> str:
+    """Read the md5 pinned in a `.dvc` file (a tiny YAML we parse without a YAML dependency)."""
+    for line in Path(dvc_file).read_text().splitlines():
+        line = line.strip().lstrip("- ").strip()
+        if line.startswith("md5:"):
+            return line.split(":", 1)[1].strip()
+    raise DataError(f"{dvc_file}: no md5 found")

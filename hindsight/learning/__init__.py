@@ -1,0 +1,1 @@
+"""The learner: the algorithms, the policy update, the critic, the learner group, and the SFT / reward-model / negative-ft trainers."""

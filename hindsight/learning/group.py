@@ -1,0 +1,104 @@
+"""The learner group: P processes in one torch.distributed group (gloo on a CPU) for the whole stage.
+
+Rank 0 is the stage's own process: it holds the policy that the rollout workers, evaluation
+and checkpoints use. Ranks 1..P-1 (`LearnerPeer`, Ray actors) hold identical copies: the same
+weights (broadcast from rank 0 at the start), the same optimizer state (read from the same
+checkpoint). Every step rank 0 computes the advantages, and the critic's values and returns,
+on the whole batch; each rank trains on its share of the groups; the gradients are summed
+over the group (`learner.Share`), so every rank takes the same step. Nothing is started per step.
+"""
+from __future__ import annotations
+
+import torch
+
+from hindsight.learning.launch import padded_share, share_scale
+from hindsight.experience import Experience
+from hindsight.faults import crash_point
+from hindsight.learning.update import Share, learner_settings, update
+
+
+def group_timeout(rl):
+    """A collective a dead rank never joins fails after this, and the stage with it (then
+    Prefect's retry resumes from the newest checkpoint), instead of hanging for gloo's 30 minutes."""
+    from datetime import timedelta
+
+    return timedelta(seconds=rl.workers.lease_ttl_s)
+
+
+def process_group_backend() -> str:
+    """NCCL between GPUs, gloo on a CPU."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def share_of(exp: Experience, rank: int, world: int, agg: str) -> tuple[list[int], Share]:
+    """This rank's rows of the batch, and how its losses join the whole batch's."""
+    index, override = padded_share(exp.meta["groups"], rank, world)
+    if override is not None:  # fewer groups than ranks: this one takes part at weight 0
+        return index, Share(policy_scale=override, critic_scale=override, world=world)
+    return index, Share(policy_scale=share_scale(exp, index, agg, world),
+                        critic_scale=share_scale(exp, index, "token_mean", world), world=world)
+
+
+def broadcast_from_rank0(*models) -> None:
+    """Every rank starts from rank 0's weights (all ranks call this, in the same order)."""
+    import torch.distributed as dist
+
+    for model in models:
+        if model is not None:
+            for p in model.parameters():
+                dist.broadcast(p.data, 0)
+
+
+class LearnerPeer:
+    """Learner rank > 0: built from files in its own process, then trained in step with rank 0."""
+
+    def __init__(self, rank: int, world: int, init_method: str, rl, policy_path: str, dtype: str,
+                 optimizer_file: str | None, critic_path: str | None, critic_optimizer_file: str | None,
+                 pad_id: int, seed: int):
+        import torch.distributed as dist
+
+        from hindsight.models.load import disable_dropout, load_causal_lm, load_reward_model
+
+        dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
+                                timeout=group_timeout(rl))
+        self.rank, self.world, self.settings, self.steps = rank, world, learner_settings(rl), 0
+        self.policy = load_causal_lm(policy_path, dtype)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=rl.lr, weight_decay=0.0)
+        self.critic = self.critic_optimizer = None
+        if critic_path is not None:
+            torch.manual_seed(seed)
+            self.critic = load_reward_model(critic_path, dtype)
+            self.critic.config.pad_token_id = pad_id
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(),
+                                                      lr=self.settings.algorithm_settings.critic_lr, weight_decay=0.0)
+        for model in (self.policy, self.critic):
+            if model is not None and rl.disable_dropout:
+                disable_dropout(model)
+        for optimizer, path in ((self.optimizer, optimizer_file), (self.critic_optimizer, critic_optimizer_file)):
+            if optimizer is not None and path:
+                optimizer.load_state_dict(torch.load(path, weights_only=True))
+        broadcast_from_rank0(self.policy, self.critic)
+
+    def ready(self) -> int:
+        return self.rank
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def update(self, batch: dict, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr  # rank 0's rate, alerts' cuts included
+        exp = Experience(**batch)
+        crash_point(f"learner{self.rank}", self.steps)
+        self.steps += 1
+        index, share = share_of(exp, self.rank, self.world, self.settings.loss.loss_agg)
+        update(self.policy, self.optimizer, exp.rows(index), self.settings, self.critic, self.critic_optimizer,
+               share=share)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

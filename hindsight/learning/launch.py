@@ -1,0 +1,172 @@
+"""Multi-process training for the TRL stages: `accelerate launch` from inside the stage task.
+
+With `resources.num_processes > 1` the SFT and reward-model trainers run in N processes
+started by `accelerate launch` (DDP by default, or the accelerate config named in
+`resources.accelerate_config`, e.g. configs/accelerate/fsdp.yaml). `batch_size` stays the
+global batch: each process takes batch_size / N, so the run trains on the same batches
+as one process would. Rank 0 writes the metrics and the model; the task logs and registers
+them as usual. On a CPU the same path runs with the gloo backend (the tests use 2 processes).
+
+Usage inside the launch: python -m hindsight.learning.launch ARGS.json
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from hindsight.errors import StageError
+from hindsight.state.fsutil import append_line, atomic_write_json
+
+TRAINERS = {"sft": "hindsight.learning.trainers:train_sft", "reward-model": "hindsight.learning.trainers:train_reward_model",
+            "rl-update": "hindsight.learning.launch:rl_update"}
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def launch_command(num_processes: int, args_file: Path, accelerate_config: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if accelerate_config:
+        cmd += ["--config_file", accelerate_config]
+    else:  # DDP through torchrun; the trainers pick gloo themselves when there is no GPU
+        cmd += ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd += ["--num_processes", str(num_processes), "--main_process_port", str(_free_port()),
+            "-m", "hindsight.learning.launch", str(args_file)]
+    return cmd
+
+
+def run_trainer(stage: str, kwargs: dict, num_processes: int = 1, accelerate_config: str | None = None,
+                workdir: Path | None = None, log=None) -> dict:
+    """Train in this process, or in `num_processes` launched ones; returns the trainer's metrics."""
+    fn = _import(TRAINERS[stage])
+    if num_processes <= 1:
+        return fn(**kwargs, log=log)
+    workdir = Path(workdir or Path(kwargs["out_dir"]).parent / "launch")
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "result.json"):
+        (workdir / name).unlink(missing_ok=True)
+    args_file = workdir / "args.json"
+    atomic_write_json(args_file, {"stage": stage, "kwargs": {k: _jsonable(v) for k, v in kwargs.items()},
+                                  "workdir": str(workdir)})
+    proc = subprocess.run(launch_command(num_processes, args_file, accelerate_config), capture_output=True, text=True)
+    (workdir / "launch.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not (workdir / "result.json").exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise StageError(f"{stage}: accelerate launch with {num_processes} processes exited {proc.returncode}: "
+                         f"{tail[0]} (log: {workdir / 'launch.log'})")
+    if log is not None:
+        for line in (workdir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            log(row["metrics"], row["step"])
+    return json.loads((workdir / "result.json").read_text())
+
+
+def share(group_ids: list[int], rank: int, world: int) -> list[int]:
+    """Rows of this process's share: whole groups, dealt round-robin, so every group stays on one process."""
+    groups = sorted(set(group_ids))
+    mine = set(groups[rank::world])
+    return [i for i, g in enumerate(group_ids) if g in mine]
+
+
+def padded_share(group_ids: list[int], rank: int, world: int) -> tuple[list[int], float | None]:
+    """This process's rows, and a loss scale override. A process with no group (fewer groups kept
+    than processes) still runs forward and backward on one row at weight 0: DDP all-reduces
+    gradients in every backward, and a process that skipped it would hang the others."""
+    index = share(group_ids, rank, world)
+    return (index, None) if index else ([0], 0.0)
+
+
+def share_scale(exp, index: list[int], agg: str, world: int) -> float:
+    """Multiplier that makes a share's mean loss its part of the whole batch's loss after DDP
+    averages gradients over `world` processes (token_mean normalises by tokens, the others by sequences)."""
+    if agg == "token_mean":
+        local, total = float(exp.completion_mask[index].sum()), float(exp.completion_mask.sum())
+    else:
+        local, total = float(len(index)), float(len(exp))
+    return world * local / max(total, 1.0)
+
+
+def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, dtype: str, out_dir: str) -> dict:
+    """One RL update, run in every process of an `accelerate launch`: each takes its share of the
+    batch (advantages already computed on the whole), DDP sums the gradients, rank 0 saves."""
+    import torch
+    from accelerate import PartialState
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hindsight.experience import Experience
+    from hindsight.config import RLConfig
+    from hindsight.learning.update import learner_settings, update
+    from hindsight.models.load import disable_dropout, load_causal_lm
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    rl_cfg = RLConfig.model_validate(rl)
+    s = learner_settings(rl_cfg)
+    model = load_causal_lm(policy_dir, dtype)
+    if rl_cfg.disable_dropout:
+        disable_dropout(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=rl_cfg.lr, weight_decay=0.0)
+    optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
+    exp = Experience(**torch.load(batch_file, weights_only=True))
+    index, override = padded_share(exp.meta["groups"], state.process_index, state.num_processes)
+    scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes) if override is None else override
+    ddp = DistributedDataParallel(model, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
+    metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        model.save_pretrained(out_dir, safe_serialization=True)
+        torch.save(optimizer.state_dict(), Path(out_dir) / "optimizer.pt")
+    return metrics
+
+
+def main(args_file: str) -> None:
+    spec = json.loads(Path(args_file).read_text())
+    workdir = Path(spec["workdir"])
+    if spec["stage"] == "rl-update":
+        metrics = rl_update(**spec["kwargs"])
+        if is_main_process():
+            atomic_write_json(workdir / "result.json", metrics)
+        return
+    kwargs = spec["kwargs"]
+    if kwargs.get("lora"):
+        from hindsight.config import LoraConfig
+
+        kwargs["lora"] = LoraConfig.model_validate(kwargs["lora"])
+
+    def log(metrics: dict, step: int) -> None:
+        if is_main_process():
+            append_line(workdir / "metrics.jsonl", json.dumps({"step": step, "metrics": metrics}))
+
+    result = _import(TRAINERS[spec["stage"]])(**kwargs, log=log)
+    if is_main_process():
+        atomic_write_json(workdir / "result.json", result)
+
+
+def _import(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _jsonable(v):
+    if hasattr(v, "model_dump"):
+        return v.model_dump()
+    return str(v) if isinstance(v, Path) else v
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,137 @@
+"""Alert rules over the RL metric history: notice a run going wrong before it wastes the budget.
+
+Each rule is a pure function of the history (one dict per step, oldest first) that returns
+the observed value when the rule's condition holds, else None. `AlertMonitor` fires a rule
+when its condition becomes true (edge-triggered), so a lasting condition is reported once and
+`lower_lr` does not shrink the learning rate on every step; it fires again once it has cleared.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from hindsight.lookback.history import as_float
+
+
+@dataclass(frozen=True)
+class Alert:
+    step: int
+    rule: str
+    value: float
+    threshold: float
+    action: str
+    message: str
+    factor: float = 1.0  # what lower_lr multiplies the learning rate by
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def window_mean(history: list[dict], key: str, window: int) -> float | None:
+    """Mean of `key` over the last `window` steps that logged it; None until there are that many."""
+    values = [as_float(h[key]) for h in history if key in h][-window:]
+    if len(values) < window:
+        return None
+    return sum(values) / window
+
+
+def entropy_low(history, threshold, window):
+    v = window_mean(history, "entropy", window)
+    return v if v is not None and v < threshold else None
+
+
+def reward_std_low(history, threshold, window):
+    v = window_mean(history, "reward/std", window)
+    return v if v is not None and v < threshold else None
+
+
+def kl_high(history, threshold, window):
+    v = window_mean(history, "kl", window)
+    return v if v is not None and v > threshold else None
+
+
+def nonfinite_loss(history, threshold, window):
+    """A NaN or Inf loss or grad norm at the newest step: the update has already gone bad."""
+    last = history[-1] if history else {}
+    for key in ("loss", "grad_norm"):
+        if key in last and not math.isfinite(as_float(last[key])):
+            return as_float(last[key])
+    return None
+
+
+def _length_ratio(history, window) -> float | None:
+    """Mean response length over the window, relative to the run's first step."""
+    first = next((as_float(h["response_length/mean"]) for h in history if "response_length/mean" in h), None)
+    now = window_mean(history, "response_length/mean", window)
+    if first is None or now is None or first <= 0:
+        return None
+    return now / first
+
+
+def length_collapse(history, threshold, window):
+    v = _length_ratio(history, window)
+    return v if v is not None and v < threshold else None
+
+
+def length_explode(history, threshold, window):
+    v = _length_ratio(history, window)
+    return v if v is not None and v > threshold else None
+
+
+def reward_hacking(history, threshold, window):
+    """Training reward went up while held-out accuracy went down by more than `threshold`.
+
+    Compares the newest eval point with the one `window` eval points earlier. The reward at
+    an eval point is the mean of `reward/mean` over the last steps before it (the first step's
+    reward for the initial eval, which ran before any rollout).
+    """
+    evals = [(h["step"], as_float(h["eval/accuracy"])) for h in history if "eval/accuracy" in h]
+    if len(evals) <= window or "eval/accuracy" not in history[-1]:
+        return None
+    (s0, acc0), (s1, acc1) = evals[-1 - window], evals[-1]
+    r0, r1 = _reward_at(history, s0), _reward_at(history, s1)
+    if r0 is None or r1 is None:
+        return None
+    drop = acc0 - acc1
+    return drop if r1 > r0 and drop > threshold else None
+
+
+def _reward_at(history, step: int, span: int = 3) -> float | None:
+    before = [as_float(h["reward/mean"]) for h in history if "reward/mean" in h and h["step"] <= step][-span:]
+    if not before:
+        before = [as_float(h["reward/mean"]) for h in history if "reward/mean" in h][:1]
+    return sum(before) / len(before) if before else None
+
+
+RULES = {f.__name__: f for f in (entropy_low, reward_std_low, kl_high, nonfinite_loss, length_collapse,
+                                 length_explode, reward_hacking)}
+_WHAT = {"entropy_low": "entropy {v:.4g} < {t:g} (collapse)", "reward_std_low": "reward std {v:.4g} < {t:g} (no signal)",
+         "kl_high": "KL {v:.4g} > {t:g}", "nonfinite_loss": "loss or grad norm is {v}",
+         "length_collapse": "response length at {v:.2f}x the first step's (< {t:g}x)",
+         "length_explode": "response length at {v:.2f}x the first step's (> {t:g}x)",
+         "reward_hacking": "reward rose while eval/accuracy fell by {v:.3f} (> {t:g})"}
+
+
+class AlertMonitor:
+    def __init__(self, rules: list, history: list[dict] | None = None):
+        self.rules = list(rules)
+        self.history: list[dict] = list(history or [])
+        self._active: set[int] = set()
+
+    def observe(self, step: int, metrics: dict) -> list[Alert]:
+        """Add one step's metrics (merged into the step if it was seen); return the alerts that fire now."""
+        if self.history and self.history[-1]["step"] == step:
+            self.history[-1].update(metrics)
+        else:
+            self.history.append({"step": step, **metrics})
+        fired = []
+        for i, r in enumerate(self.rules):
+            value = RULES[r.rule](self.history, r.threshold, r.window)
+            if value is None:
+                self._active.discard(i)
+                continue
+            if i not in self._active:
+                msg = f"step {step}: {r.rule}: " + _WHAT[r.rule].format(v=value, t=r.threshold) + f" -> {r.action}"
+                fired.append(Alert(step, r.rule, float(value), r.threshold, r.action, msg, r.factor))
+            self._active.add(i)
+        return fired

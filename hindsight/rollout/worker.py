@@ -1,0 +1,183 @@
+"""A rollout worker: a policy copy and an engine; it generates the groups it is given.
+
+Each group draws its randomness from its own generator, seeded by (run seed, step, group), and
+the hf engine samples a fixed batch of groups at once (`rollout.groups_per_batch`, set by group
+index), so what a group holds does not depend on which worker generated it, on how many
+workers there are, or on whether it was generated again after a worker died. Each finished group is written at once as a
+part shard, so a worker that dies mid-lease loses only the groups it had not finished.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from hindsight.data.chat import is_conversation, prompt_text
+from hindsight.experience import Experience
+from hindsight.faults import crash_point
+from hindsight.logprobs import token_logprobs
+from hindsight.rollout.hf import sample_groups
+from hindsight.state.store import RolloutStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupTask:
+    step: int
+    group: int
+    round: int
+    prompt: dict     # the data row, with its "id" (and "_replayed" for a hard example)
+    write: bool = True  # False: sampled only as the batch-mate of a group that is (its part exists)
+
+
+def batch_of(task: GroupTask, groups_per_batch: int) -> tuple[int, int]:
+    """The sampling batch a group belongs to: fixed by its index, never by who samples it."""
+    return task.round, task.group // groups_per_batch
+
+
+def with_batch_mates(todo: list[GroupTask], tasks: list[GroupTask], groups_per_batch: int) -> list[GroupTask]:
+    """`todo`, plus the already-written groups that share a sampling batch with one of them, marked
+    not to be written: they are sampled again so the batch, and so every bit of the groups that
+    are written, is what it was in an uninterrupted run."""
+    if groups_per_batch == 1:
+        return todo
+    wanted = {batch_of(t, groups_per_batch) for t in todo}
+    pending = {t.group for t in todo}
+    return [t if t.group in pending else replace(t, write=False)
+            for t in tasks if batch_of(t, groups_per_batch) in wanted]
+
+
+_POINT = {"rollouts": "rollout", "scores": "score"}  # the fault hook's names
+
+
+def write_groups(store: RolloutStore, component: str, step: int, rows: dict[int, list[dict]]) -> None:
+    """Store the groups of one batch: one file when they are whole and consecutive, else a part
+    per group. Either way a part is whole or absent, and the fault hook sees each group land."""
+    groups = list(rows)
+    if len(groups) > 1 and groups == list(range(groups[0], groups[-1] + 1)):
+        store.write_batch_part(component, step, groups, [r for g in groups for r in rows[g]])
+    else:
+        for g in groups:
+            store.write_part(component, step, g, rows[g])
+    for g in groups:
+        crash_point(f"{_POINT[component]}-group{g}", step)
+
+
+class StaleWeights(RuntimeError):
+    """A worker serves nothing until it holds the weights version it is asked to sample with."""
+
+
+def group_seed(seed: int, step: int, group: int) -> int:
+    return (seed * 1_000_003 + step) * 100_003 + group
+
+
+class RolloutWorker:
+    @classmethod
+    def from_paths(cls, worker_id: str, policy_path: str, dtype: str, rl, seed: int, store_root: str,
+                   init_path: str) -> "RolloutWorker":
+        """A worker with its own policy copy, as a Ray actor builds it in its own process."""
+        from hindsight.models.load import disable_dropout, load_causal_lm, load_tokenizer
+
+        policy = load_causal_lm(policy_path, dtype)
+        if rl.disable_dropout:
+            disable_dropout(policy)
+        return cls(worker_id, policy, load_tokenizer(policy_path), rl, seed, RolloutStore(store_root), init_path)
+
+    def __init__(self, worker_id: str, policy, tok, rl, seed: int, store: RolloutStore, init_path: str):
+        self.id, self.policy, self.tok, self.rl, self.seed, self.store = worker_id, policy, tok, rl, seed, store
+        self.init_path = init_path
+        self.version = 0
+        self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+        self.compute_s = 0.0  # seconds in the engine (the rest is I/O): the bench's split
+
+    def load_weights(self, version: int, state_dict=None) -> None:
+        """Take weights version `version`; with no state dict the worker shares the learner's
+        policy object (the in-process placement) and only its engine needs the news."""
+        if state_dict is not None:
+            self.policy.load_state_dict(state_dict)
+        self.version, self.engine_stale = version, True
+
+    def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
+        """Sample and store each task's group; returns the groups written, in order."""
+        if version != self.version:
+            raise StaleWeights(f"worker {self.id} holds weights v{self.version}, asked for v{version}")
+        done = []
+        size = self.rl.samples_per_prompt
+        for batch in self._batches(tasks):
+            t0 = time.perf_counter()
+            exp = self._generate_batch(batch)
+            self.compute_s += time.perf_counter() - t0
+            rows = {t.group: self._group_rows(t, exp.rows(list(range(i * size, (i + 1) * size))))
+                    for i, t in enumerate(batch) if t.write}
+            write_groups(self.store, "rollouts", batch[0].step, rows)
+            done += list(rows)
+        return done
+
+    def _batches(self, tasks: list[GroupTask]) -> list[list[GroupTask]]:
+        """hf samples a batch of groups at once (`rollout.groups_per_batch`); other engines one group."""
+        k = self.rl.rollout.groups_per_batch if self.rl.rollout.backend == "hf" else 1
+        out: dict = {}
+        for task in tasks:
+            out.setdefault(batch_of(task, k), []).append(task)
+        return list(out.values())
+
+    def _generate_batch(self, batch: list[GroupTask]) -> Experience:
+        r, size = self.rl.rollout, self.rl.samples_per_prompt
+        seeds = [group_seed(self.seed, t.step, t.group) for t in batch]
+        if r.backend == "hf":
+            return sample_groups(self.policy, self.tok, [t.prompt["prompt"] for t in batch], seeds, size,
+                                 r.max_new_tokens, r.temperature, r.top_p, r.logprobs)
+        (task,) = batch
+        return self._learner_logprobs(self._generate(task.prompt["prompt"], seeds[0]))
+
+    def _group_rows(self, task: GroupTask, exp: Experience) -> list[dict]:
+        src, size = task.prompt, self.rl.samples_per_prompt
+        texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
+        columns = json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")})
+        # whole tensors to lists once, then sliced per row: a tensor op per row and field was
+        # most of this function's cost
+        lengths = exp.completion_mask.sum(-1).tolist()
+        completions, logprobs = exp.completion_ids.tolist(), exp.logprobs.tolist()
+        engine = exp.engine_logprobs.tolist() if exp.engine_logprobs is not None else None
+        prompt_ids = [[t for t, keep in zip(ids, mask) if keep]
+                      for ids, mask in zip(exp.prompt_ids.tolist(), exp.prompt_mask.tolist())]
+        prompt, conversational = prompt_text(self.tok, src["prompt"]), is_conversation(src["prompt"])
+        rows = []
+        for j in range(len(exp)):
+            n = lengths[j]
+            rows.append({
+                "step": task.step, "index": task.group * size + j, "group": task.group, "round": task.round,
+                "prompt_id": str(src["id"]), "replayed": bool(src.get("_replayed")),
+                "prompt": prompt, "conversational": conversational,
+                "completion": texts[j], "weights_version": self.version,
+                "prompt_ids": prompt_ids[j], "completion_ids": completions[j][:n], "logprobs": logprobs[j][:n],
+                "engine_logprobs": engine[j][:n] if engine is not None else None,
+                "ended_with_eos": bool(n and completions[j][n - 1] == self.tok.eos_token_id),
+                "columns": columns,
+            })
+        return rows
+
+    def _generate(self, prompt: str, seed: int) -> Experience:
+        r, size = self.rl.rollout, self.rl.samples_per_prompt
+        if self.engine is None:
+            from hindsight.rollout.vllm import VLLMEngine
+
+            v = r.vllm
+            self.engine = VLLMEngine(self.init_path, v.dtype, self.seed, v.gpu_memory_utilization, v.max_model_len)
+            self.engine_stale = True
+        if self.engine_stale:  # the policy moved since the engine last saw it
+            self.engine.load_weights(self.policy)
+            self.engine_stale = False
+        return self.engine.generate(self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed)
+
+    def _learner_logprobs(self, exp: Experience) -> Experience:
+        """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as
+        TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
+        renormalised over the nucleus. The engine's are kept for the optional IS weight."""
+        self.policy.eval()
+        with torch.no_grad():
+            logp, _ = token_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
+                                     self.rl.rollout.temperature)                     # (B, T)
+        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp.cpu() * exp.completion_mask
+        return exp

@@ -1,0 +1,1 @@
+"""Scoring: reward functions and the guarded process they run in, the scorer (rewards, reference, reward model), and evaluation."""

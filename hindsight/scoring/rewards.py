@@ -1,0 +1,164 @@
+"""Apply configured reward functions to a batch of completions.
+
+A reward that raises, returns NaN or the wrong type gives the fallback score and a counted,
+logged failure: one broken reward never takes a training run down. A reward that is not
+importable, or returns the wrong number of scores, is a configuration bug and fails loudly.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from hindsight.errors import RewardError
+
+log = logging.getLogger("hindsight.scoring.rewards")
+MAX_LOGGED_FAILURES = 3
+
+
+def load_reward_fn(spec: str):
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise RewardError(f"reward {spec!r}: expected 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise RewardError(f"reward {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise RewardError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def check_reward(spec: str, args: dict | None = None):
+    """Load a reward and run its own `preflight(**args)` if it has one: a reward that cannot
+    run here (the code reward without its sandbox) refuses before any model loads."""
+    fn = load_reward_fn(spec)
+    check = getattr(fn, "preflight", None)
+    if callable(check):
+        try:
+            check(**(args or {}))
+        except Exception as exc:
+            raise RewardError(f"reward {spec!r}: {exc}") from None
+    return fn
+
+
+def reward_name(spec: str) -> str:
+    return spec.rpartition(":")[2]
+
+
+@dataclass(frozen=True)
+class RewardCall:
+    """One configured reward: `fn` ('module:function'), its weight, its own keyword arguments
+    (`args:` in YAML) and the unique name its scores and metrics are keyed by."""
+    fn: str
+    weight: float = 1.0
+    args: dict = field(default_factory=dict)
+    name: str = ""
+
+
+def reward_calls(items) -> list[RewardCall]:
+    """RewardFnConfig entries, (fn, weight) pairs or RewardCalls -> calls with unique names: a
+    second reward with the same function name is keyed NAME_2, so their metrics never collide."""
+    calls, seen = [], {}
+    for item in items:
+        if isinstance(item, tuple):
+            item = RewardCall(*item)
+        name = getattr(item, "name", None) or reward_name(item.fn)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name = f"{name}_{seen[name]}"
+        calls.append(RewardCall(item.fn, item.weight, dict(getattr(item, "args", None) or {}), name))
+    return calls
+
+
+@dataclass
+class ScoreResult:
+    total: list[float]
+    per_fn: dict[str, list[float]]
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def score_completions(specs, completions: list[str], columns: dict[str, list], fallback: float = 0.0,
+                      worker=None, timeout_s: float = 60.0, prompts: list[str] | None = None,
+                      completion_ids: list[list[int]] | None = None) -> ScoreResult:
+    """Weighted sum of reward functions, each called as TRL calls it: by keyword, with
+    `prompts=`, `completions=`, `completion_ids=`, every dataset column (one value per
+    completion) and the reward's own `args`.
+
+    With a `RewardWorker`, each call runs in its process and is bounded by `timeout_s`;
+    without one, calls run inline (for tests and trusted rewards).
+    """
+    batch = {**columns, "completions": completions}
+    if prompts is not None:
+        batch["prompts"] = prompts
+    if completion_ids is not None:
+        batch["completion_ids"] = completion_ids
+    per_fn: dict[str, list[float]] = {}
+    failures: dict[str, int] = {}
+    total = [0.0] * len(completions)
+    for call in reward_calls(specs):
+        fn = load_reward_fn(call.fn)  # import errors surface here, in the parent, as a config error
+        if worker is not None:
+            fn = _remote(worker, call.fn, timeout_s)
+        scores, n_failed = _call_reward(call.fn, fn, {**batch, **call.args}, fallback)
+        per_fn[call.name] = scores
+        failures[call.name] = n_failed
+        total = [t + call.weight * s for t, s in zip(total, scores)]
+    return ScoreResult(total, per_fn, failures)
+
+
+def _remote(worker, spec: str, timeout_s: float):
+    return lambda **kwargs: worker.call(spec, kwargs, timeout_s)
+
+
+def plain_result(raw):
+    """A reward's return as plain Python (a numpy array or tensor as its list), else unchanged:
+    what the worker process sends back, and what the inline path validates, are the same."""
+    tolist = getattr(raw, "tolist", None)
+    return tolist() if callable(tolist) and not isinstance(raw, (list, tuple, str, bytes, dict)) else raw
+
+
+def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int]:
+    """One reward call, inline or in the worker: both end in `validate_scores`."""
+    from hindsight.scoring.guarded import RewardExited
+
+    completions = kwargs["completions"]
+    try:
+        raw = plain_result(fn(**kwargs))
+    except (SystemExit, RewardExited) as exc:  # inline, this would end the whole command with its code
+        raise RewardError(f"reward {spec!r} called sys.exit({exc.code!r}); a reward returns its scores, it never "
+                          f"exits") from None
+    except Exception as exc:  # the contract: a broken reward costs its scores, not the run
+        log.warning("reward %s raised %s: %s (first completion: %r)", spec, type(exc).__name__, exc,
+                    completions[0] if completions else None)
+        return [fallback] * len(completions), len(completions)
+    return validate_scores(spec, raw, completions, fallback)
+
+
+def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple[list[float], int]:
+    """A list (or tuple) of one real number per completion. Another shape is the reward's bug and
+    fails loudly; an element that is not a finite real number (None, NaN, a string) gets the
+    fallback and is counted. A string is never parsed: "1" is not a score."""
+    if not isinstance(raw, (list, tuple)):
+        shown = repr(raw)[:60]
+        raise RewardError(f"reward {spec!r} returned {type(raw).__name__} {shown}, not a list of "
+                          f"{len(completions)} scores")
+    if len(raw) != len(completions):
+        raise RewardError(f"reward {spec!r} returned {len(raw)} scores for {len(completions)} completions")
+    scores, failed = [], 0
+    for completion, value in zip(completions, raw):
+        if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)):
+            try:
+                value = value.item()  # a one-element tensor or array
+            except (TypeError, ValueError, RuntimeError):
+                pass
+        ok = isinstance(value, numbers.Real) and math.isfinite(float(value))
+        if not ok:
+            failed += 1
+            if failed <= MAX_LOGGED_FAILURES:
+                log.warning("reward %s gave %r for completion %r; using fallback %s", spec, value, completion, fallback)
+        scores.append(float(value) if ok else fallback)
+    return scores, failed

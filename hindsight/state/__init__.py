@@ -1,0 +1,1 @@
+"""State on disk: the rollout store, the group ledger, checkpoints, the run fingerprint, the run lock and atomic file writes."""
