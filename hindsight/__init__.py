@@ -1,1 +1,5 @@
-"""The core: the RL stage's roles (rollout, scoring, learning), their coordination, state and look-back; no prefect, mlflow or vllm at import."""
+"""The core.
+
+The RL stage's roles (rollout, scoring, learning), their coordination, state and look-back; no
+prefect, mlflow or vllm at import.
+"""

@@ -1,1 +1,5 @@
-"""Data: rows from JSONL, parquet or the hub with line-numbered errors, chat-format rows, the demo and bench tasks, and the DVC md5."""
+"""Data.
+
+Rows from JSONL, parquet or the hub with line-numbered errors, chat-format rows, the demo and
+bench tasks, and the DVC md5.
+"""

@@ -1,1 +1,5 @@
-"""The learner: the algorithms, the policy update, the critic, the learner group, and the SFT / reward-model / negative-ft trainers."""
+"""The learner.
+
+The algorithms, the policy update, the critic, the learner group, and the SFT / reward-model /
+negative-ft trainers.
+"""

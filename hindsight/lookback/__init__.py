@@ -1,1 +1,5 @@
-"""Look-back: per-step metrics, the metric history, alert rules, HTML reports and plots, and rebuilding them from stored runs."""
+"""Look-back.
+
+Per-step metrics, the metric history, alert rules, HTML reports and plots, and rebuilding them
+from stored runs.
+"""

@@ -6,7 +6,6 @@ a local path and the demo model (`models.tiny`) all take the same `from_pretrain
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch

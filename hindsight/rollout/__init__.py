@@ -1,1 +1,5 @@
-"""Rollout: the generation engines (hf, vllm), evaluation's greedy generation, and the rollout worker that samples groups."""
+"""Rollout.
+
+The generation engines (hf, vllm), evaluation's greedy generation, and the rollout worker that
+samples groups.
+"""

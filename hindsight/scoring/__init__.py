@@ -1,1 +1,5 @@
-"""Scoring: reward functions and the guarded process they run in, the scorer (rewards, reference, reward model), and evaluation."""
+"""Scoring.
+
+Reward functions and the guarded process they run in, the scorer (rewards, reference, reward
+model), and evaluation.
+"""

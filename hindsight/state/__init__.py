@@ -1,1 +1,5 @@
-"""State on disk: the rollout store, the group ledger, checkpoints, the run fingerprint, the run lock and atomic file writes."""
+"""State on disk.
+
+The rollout store, the group ledger, checkpoints, the run fingerprint, the run lock and atomic
+file writes.
+"""
