@@ -175,7 +175,7 @@ class Kernel:
 
 
 def run_kernel(init: str, rows: list[dict], steps: int, seed: int, task: str) -> dict:
-    from hindsight.coordination.run import prompt_indices
+    from hindsight.coordination.prompts import prompt_indices
 
     kernel, stamps = Kernel(init, task), []
     for s in range(steps):

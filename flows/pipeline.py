@@ -1,4 +1,5 @@
-"""The whole chain: SFT -> reward model -> RL (-> negative-ft), one MLflow parent run with a nested run per stage."""
+"""The whole chain, in the stage registry's order (SFT -> reward model -> RL -> negative-ft), one MLflow
+parent run with a nested run per stage."""
 from __future__ import annotations
 
 import time
@@ -6,11 +7,8 @@ from dataclasses import replace
 
 from prefect import flow
 
+from flows import registry
 from flows.common import ensure_data
-from flows.negative_ft import NEGATIVE_FT, negative_ft_flow
-from flows.reward_model import REWARD_MODEL, reward_model_flow
-from flows.rl import RL, rl_flow
-from flows.sft import SFT, sft_flow
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageResult, preflight
 from tasks import tracking
@@ -18,9 +16,7 @@ from tasks import tracking
 
 @flow(name="pipeline", log_prints=False)
 def pipeline_flow(cfg: PipelineConfig, force: bool = False) -> list[StageResult]:
-    stages = [(spec, stage_flow) for spec, stage_flow, on in (
-        (SFT, sft_flow, cfg.sft.enabled), (REWARD_MODEL, reward_model_flow, cfg.reward_model.enabled),
-        (RL, rl_flow, True), (NEGATIVE_FT, negative_ft_flow, cfg.negative_ft.enabled)) if on]
+    stages = [(s.load_spec(), s.load_flow()) for s in registry.pipeline_stages(cfg)]  # the registry's order
     data_md5 = ensure_data(cfg)
     for spec, _ in stages:
         preflight(spec, cfg)  # a bad RL reward fails now, not after SFT has trained
@@ -44,7 +40,7 @@ def _upstream_retrained(spec, cfg: PipelineConfig, done: list[StageResult]) -> b
     """RL samples from the SFT policy: when this pipeline has just trained a new SFT version,
     the stored RL state (sampled from the old one) is set aside and RL trains anew, rather
     than refusing to resume. A resume after a crash finds SFT cached, and resumes."""
-    return spec is RL and cfg.rl.init is None and any(r.stage == "sft" and not r.cached for r in done)
+    return spec.name == "rl" and cfg.rl.init is None and any(r.stage == "sft" and not r.cached for r in done)
 
 
 def _timed(stage_flow, cfg: PipelineConfig, force: bool, parent: str) -> StageResult:

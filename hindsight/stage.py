@@ -8,7 +8,6 @@ anything else does not), and the registered model's name.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any, Callable
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
 from hindsight.state.fsutil import file_sha256
-from hindsight.scoring.rewards import check_reward
+from hindsight.scoring.rewards import check_reward, reward_source_hash
 
 
 def model_name(cfg: PipelineConfig, kind: str) -> str:
@@ -126,13 +125,6 @@ def code_version(*packages) -> str:
             h.update(f"{pkg.__name__}/{path.relative_to(root).as_posix()}".encode())
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
-
-
-def reward_source_hash(spec: str) -> str:
-    """A reward module's source: editing a user's reward outside our packages reruns the stage."""
-    module = importlib.import_module(spec.partition(":")[0])
-    source = getattr(module, "__file__", None)
-    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else "builtin"
 
 
 def _external_file_hash(cfg: PipelineConfig, path: str) -> str | None:

@@ -63,4 +63,4 @@ def report_task(key: str, done: int) -> list[str]:
 @task(name="evaluate")
 def evaluate_task(key: str) -> float:
     run = get_run(key)
-    return evaluate_model(run.cfg, run.policy, run.tok, run.reward_worker)
+    return evaluate_model(run.cfg, run.policy, run.tok, run.scorers.reward_worker)

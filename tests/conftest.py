@@ -117,13 +117,14 @@ def _one_prefect_server(request):
         yield
 
 
-INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox", "terminal"}
+INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox", "terminal", "tracking"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test in these folders runs the CLI, a server or a browser: the `integration` tier."""
+    """Every test in these top-level folders starts the CLI, a server, a browser or another process,
+    or waits on a clock: the `integration` tier. tests/unit/ (mirroring the packages) is the rest."""
     for item in items:
-        if INTEGRATION_DIRS & set(Path(item.path).relative_to(Path(__file__).parent).parts[:-1]):
+        if Path(item.path).relative_to(Path(__file__).parent).parts[0] in INTEGRATION_DIRS:
             item.add_marker(pytest.mark.integration)
 
 

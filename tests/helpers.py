@@ -5,3 +5,32 @@ import path of the test process and, through it, of the Ray actors the tests sta
 def varied(completions, **_):
     """Not constant within a group, so every estimator sees a signal."""
     return [float(len(c) % 3) for c in completions]
+
+
+def rl_cfg(tmp_path, **rl):
+    """A small RL-only config on the demo data under tmp_path; `rl` overrides the rl section."""
+    from hindsight.config import PipelineConfig
+
+    return PipelineConfig.model_validate({
+        "name": "c", "run_dir": str(tmp_path / "run"),
+        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl"),
+                 "eval": str(tmp_path / "data/eval.jsonl")},
+        "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
+               "rollout": {"max_new_tokens": 4}, "rewards": [{"fn": "helpers:varied"}], **rl}})
+
+
+def tiny_init(tmp_path, **config):
+    """The demo data and a one-layer tiny model under tmp_path; `config` overrides its HF config."""
+    from transformers import AutoConfig
+
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_model
+
+    build_demo_data(tmp_path / "data", seed=0)
+    path = build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2)
+    if config:
+        cfg = AutoConfig.from_pretrained(path)
+        for k, v in config.items():
+            setattr(cfg, k, v)
+        cfg.save_pretrained(path)
+    return str(path)

@@ -269,23 +269,17 @@ class LearnerGroup:
         self.ray.get([p.ready.remote() for p in self.peers])
         self.world, self.pids = world, None
 
-    def update(self, exp, groups: list[int], policy, optimizer, critic, critic_optimizer, s) -> dict:
-        """Advantages (and the critic's values and returns) on the whole batch here, then every
-        rank trains on its share; returns rank 0's metrics."""
-        import torch
+    def update(self, exp, groups: list[int], learner) -> dict:
+        """Every rank trains on its share of a batch whose advantages (and the critic's values and
+        returns) rank 0 computed whole (`learner.train`); returns rank 0's metrics."""
+        from hindsight.learning.update import update
 
-        from hindsight.learning.critic import token_values
-        from hindsight.learning.update import compute_advantages, update
-
-        if s.estimator.needs_critic:
-            with torch.no_grad():
-                exp.values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1)).cpu()
-        exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
         exp.meta["groups"] = groups
-        lr = optimizer.param_groups[0]["lr"]
+        lr = learner.optimizer.param_groups[0]["lr"]
         calls = [p.update.remote(vars(exp), lr) for p in self.peers]
-        index, share = share_of(exp, 0, self.world, s.loss.loss_agg)
-        metrics = update(policy, optimizer, exp.rows(index), s, critic, critic_optimizer, share=share)
+        index, share = share_of(exp, 0, self.world, learner.settings.loss.loss_agg)
+        metrics = update(learner.policy, learner.optimizer, exp.rows(index), learner.settings, learner.critic,
+                         learner.critic_optimizer, share=share)
         self.ray.get(calls)
         return metrics
 

@@ -25,22 +25,26 @@ def _epoch_order(n_rows: int, seed: str, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-class PromptSelection:
-    """Needs from RLRun: cfg, rl, rows, store."""
+class PromptSource:
+    """The prompt rows of the RL stage and the rule that picks each step's; reads earlier
+    stored shards for replay and nothing else, so a resume picks the same prompts."""
 
-    def round_prompts(self, step: int, round_: int) -> list[dict]:
+    def __init__(self, rl, seed: int, rows: list[dict], store):
+        self.rl, self.seed, self.rows, self.store = rl, seed, rows, store
+
+    def for_round(self, step: int, round_: int) -> list[dict]:
         """Fresh prompts for a further dynamic-sampling round: a cursor of its own per round."""
         n = math.ceil(self.rl.prompts_per_step * self.rl.dynamic_sampling.oversample)
-        idx = prompt_indices(len(self.rows), n, step, f"{self.cfg.seed}-round{round_}")
+        idx = prompt_indices(len(self.rows), n, step, f"{self.seed}-round{round_}")
         return [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
 
-    def select_prompts(self, step: int) -> tuple[list[dict], dict]:
+    def for_step(self, step: int) -> tuple[list[dict], dict]:
         """The step's prompts: the data cursor (oversampled for dynamic sampling), with a
         `replay.ratio` share swapped for hard examples picked from earlier stored shards."""
         n = self.rl.prompts_per_step
         if self.rl.dynamic_sampling.enabled:
             n = math.ceil(n * self.rl.dynamic_sampling.oversample)
-        idx = prompt_indices(len(self.rows), n, step, self.cfg.seed)
+        idx = prompt_indices(len(self.rows), n, step, self.seed)
         batch = [{**self.rows[i], "id": str(self.rows[i].get("id", i))} for i in idx]
         n_replay = round(self.rl.replay.ratio * self.rl.prompts_per_step)
         if not n_replay:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 
+from hindsight.learning.algorithms.advantages import has_signal
+
 
 def group_priority(rewards: list[float], seq_logprobs: list[float], priority: str) -> float:
     """How much a prompt still has to teach, from one stored group of completions.
@@ -61,7 +63,7 @@ def signal_groups(rewards: list[float], group_size: int, wanted: int) -> tuple[l
     kept, dropped = [], 0
     for g in range(len(rewards) // group_size):
         group = rewards[g * group_size:(g + 1) * group_size]
-        if max(group) - min(group) < 1e-8:
+        if not has_signal(group):
             dropped += 1
         elif len(kept) < wanted:
             kept.append(g)

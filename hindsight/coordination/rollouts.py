@@ -1,51 +1,153 @@
-"""The coordinator's side of asynchronous RL (`rl.async.max_staleness: k >= 1`), mixed into `RLRun`.
+"""The rollout role as the RL run holds it: rollout workers in this process (sharing the learner's
+policy object), a Ray pool of them, or with `rl.async.max_staleness: k >= 1` the sampler process.
 
-Step s is submitted to the sampler process the moment weights version s - k exists, so it is
-sampled while the learner trains steps s - k .. s - 1. Results are merged into the step's shard
-when the learner needs them. A checkpoint at step c waits for the shards of steps c .. c+k-1:
-their weights versions (c-k .. c-1) are not kept, so a resume must find them stored.
+Groups are leased through the ledger; a group whose part is on disk is sealed by it and never
+sampled again. Asynchronously, step s is submitted the moment weights version s - k exists, so
+it is sampled while the learner trains steps s - k .. s - 1, and merged into its shard when the
+learner needs it. A checkpoint at step c waits for the shards of steps c .. c+k-1: their
+weights versions (c-k .. c-1) are not kept, so a resume must find them stored.
 """
 from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from hindsight.errors import CheckpointError
-from hindsight.rollout.worker import GroupTask, with_batch_mates
+from hindsight.coordination.replay import signal_groups
+from hindsight.coordination.roles import deal
 from hindsight.coordination.sampler import AsyncSampler, SamplerSpec, split_threads, version_for
+from hindsight.errors import CheckpointError
+from hindsight.faults import crash_point
+from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
 
 
-class AsyncRollouts:
-    """Needs from RLRun: rl, cfg, dir, store, ledger, version, policy, init_path, select_prompts,
-    _open_groups and _failures."""
+class Rollouts:
+    def __init__(self, cfg, policy, policy_path: str, init_path: str, tok, store, ledger, prompts, version: int):
+        self.cfg, self.rl, self.store, self.ledger, self.prompts = cfg, cfg.rl, store, ledger, prompts
+        self.policy_path, self.init_path, self.version = policy_path, init_path, version
+        self.workers: list[RolloutWorker] = []
+        self.pool = self.sampler = self.scorers = None
+        self.pool_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
+        self._rolled, self._ahead, self._threads_before = {}, {}, None
+        if self.rl.async_.max_staleness:  # the sampler process samples, with weights of its own
+            return
+        if self.rl.workers.placement == "ray":
+            from hindsight.coordination.placement import RayRolloutPool
 
-    def _start_sampler(self, policy_path: str, rm_path: str | None) -> AsyncSampler | None:
-        self.sampler, self._rolled, self._ahead, self._threads_before = None, {}, {}, None
-        self.rm_path = rm_path if rm_path and self.rl.reward_model_weight > 0 else None
-        k = self.rl.async_.max_staleness
-        if not k:
-            return None
+            self.pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, cfg.model.dtype, cfg.seed,
+                                       cfg.root / "rl", init_path)
+            self.pool.publish(version, policy.state_dict())
+            return
+        self.workers = [RolloutWorker(f"local-{i}", policy, tok, self.rl, cfg.seed, store, init_path)
+                        for i in range(self.rl.workers.rollout)]
+        for worker in self.workers:
+            worker.load_weights(version)
+
+    def start(self, scorers, rm_path: str | None) -> None:
+        """Join the scorers (dynamic sampling scores as it samples); start the async sampler."""
+        self.scorers = scorers
+        if not self.rl.async_.max_staleness:
+            return
         sampler_threads = torch.get_num_threads()
         if not torch.cuda.is_available():  # the two processes run at once: they split the cores
             sampler_threads, learner_threads = split_threads(os.cpu_count() or 1)
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(learner_threads)
-        self.sampler = AsyncSampler(SamplerSpec(self.rl, policy_path, self.cfg.model.dtype, self.cfg.seed,
-                                                str(self.store.root), self.init_path, self.version, sampler_threads,
-                                                self.rm_path),
-                                    self.dir / "sampler.log")
+        rm = rm_path if rm_path and self.rl.reward_model_weight > 0 else None
+        spec = SamplerSpec(self.rl, self.policy_path, self.cfg.model.dtype, self.cfg.seed, str(self.store.root),
+                           self.init_path, self.version, sampler_threads, rm)
+        self.sampler = AsyncSampler(spec, self.cfg.root / "rl" / "sampler.log")
         self._feed()
-        return self.sampler
 
-    def _close_sampler(self) -> None:
+    def take_ahead(self, step: int) -> tuple[Path, dict] | None:
+        """A step merged early, before a checkpoint (`wait_ahead`), with its metrics."""
+        return self._ahead.pop(step, None)
+
+    # --- sampling a step ------------------------------------------------------------------
+    def sample(self, step: int) -> tuple[Path, dict]:
+        """Sample the step's groups. With dynamic sampling, sample further rounds of fresh
+        prompts (DAPO) until `prompts_per_step` groups carry a signal or `max_rounds` is reached."""
         if self.sampler is not None:
-            self.sampler.close()
-        if self._threads_before:
-            torch.set_num_threads(self._threads_before)
+            return self._async_rollout(step)
+        batch, metrics = self.prompts.for_step(step)
+        t0 = time.perf_counter()
+        rows = self._sample(step, 0, batch, first_group=0)
+        rounds, ds = 1, self.rl.dynamic_sampling
+        while ds.enabled and rounds < ds.max_rounds and self._signal_groups(step, rows) < self.rl.prompts_per_step:
+            rows += self._sample(step, rounds, self.prompts.for_round(step, rounds), first_group=rows[-1]["group"] + 1)
+            rounds += 1
+        seconds = time.perf_counter() - t0
+        if ds.enabled:
+            metrics["dynamic_sampling/rounds"] = float(rounds)
+        crash_point("rollout", step)
+        n_tokens = sum(len(r["completion_ids"]) for r in rows)
+        metrics.update(self.pool_metrics)
+        metrics.update({"time/rollout_s": seconds, "rollout/tokens_per_s": n_tokens / max(seconds, 1e-9)})
+        if self.workers:  # in this process: how much of it was the engine itself
+            metrics["time/compute/generate_s"] = sum(w.compute_s for w in self.workers)
+            for w in self.workers:
+                w.compute_s = 0.0
+        return self.store.merge_parts("rollouts", step, sorted({r["group"] for r in rows})), metrics
 
+    def _sample(self, step: int, round_: int, prompts: list[dict], first_group: int) -> list[dict]:
+        """One round's groups, leased to the rollout workers through the ledger. A group whose part
+        an earlier attempt wrote is kept, not sampled again: a worker that died mid-lease loses
+        only the groups it had not finished."""
+        tasks = [GroupTask(step=step, group=first_group + i, round=round_, prompt=p) for i, p in enumerate(prompts)]
+        todo = self._open_groups(step, tasks)
+        if self.pool is not None:
+            self.pool.resize(step)
+            self.pool_metrics = {**self.pool.dispatch(step, todo, self.store),
+                                 "workers/rollout": float(len(self.pool.actors))}
+        todo = with_batch_mates(todo, tasks, self.rl.rollout.groups_per_batch)
+        unit = partial(batch_of, groups_per_batch=self.rl.rollout.groups_per_batch)
+        for worker, share in zip(self.workers, deal(todo, len(self.workers), unit)):
+            mine = [t.group for t in share if t.write]
+            if mine:
+                self.ledger.move(step, mine, "leased", worker=worker.id, ttl_s=self.rl.workers.lease_ttl_s)
+                self.ledger.move(step, worker.generate(share, self.version), "sealed")
+        by_group = self.store.groups_rows("rollouts", step, [t.group for t in tasks])
+        return [row for t in tasks for row in by_group[t.group]]
+
+    def _open_groups(self, step: int, tasks: list[GroupTask]) -> list[GroupTask]:
+        """Open the tasks' groups in the ledger; returns those still to sample. A group whose part
+        an earlier attempt wrote is sealed by it (a part is written whole or not at all)."""
+        self.ledger.open(step, [t.group for t in tasks])
+        self.ledger.take_back(step)  # leases of an interrupted attempt (a Prefect task retry) are void
+        entries = self.ledger.read(step)
+        parts = self.store.with_parts("rollouts", step, [t.group for t in tasks])
+        written = [t.group for t in tasks if entries[t.group].state == "pending" and t.group in parts]
+        if written:
+            self.ledger.move(step, written, "sealed")
+        return [t for t in tasks if entries[t.group].state == "pending" and t.group not in written]
+
+    def _signal_groups(self, step: int, rows: list[dict]) -> int:
+        """How many of the rows' groups have rewards that differ: they are scored now (their score
+        parts are what the step's scoring then merges, so nothing is scored twice)."""
+        groups = sorted({r["group"] for r in rows})
+        self.scorers.score_groups(step, groups, self.store)
+        rewards = [s["reward"] for g in groups for s in self.store.read_part("scores", step, g)]
+        kept, _ = signal_groups(rewards, self.rl.samples_per_prompt, len(rows))
+        return len(kept)
+
+    # --- a new weights version ------------------------------------------------------------
+    def publish(self, policy) -> None:
+        """A new weights version: in-process workers share the policy object (a new one after a
+        launched update), so only its version and their engines need the news."""
+        self.version += 1
+        for worker in self.workers:
+            worker.policy = policy
+            worker.load_weights(self.version)
+        if self.pool is not None:
+            self.pool.publish(self.version, policy.state_dict())
+        if self.sampler is not None:
+            self.sampler.publish(self.version, policy.state_dict())
+            self._feed()
+
+    # --- asynchronous sampling ------------------------------------------------------------
     def _feed(self) -> None:
         """Submit every step whose weights version now exists and whose shard is not stored."""
         k = self.rl.async_.max_staleness
@@ -59,7 +161,7 @@ class AsyncRollouts:
         if need != self.version:
             raise CheckpointError(f"{self.store.root}: step {step} must be sampled with weights version {need}, "
                                   f"but its rollouts are not stored and this run holds version {self.version}")
-        prompts, metrics = self.select_prompts(step)
+        prompts, metrics = self.prompts.for_step(step)
         tasks = [GroupTask(step=step, group=i, round=0, prompt=p) for i, p in enumerate(prompts)]
         todo = with_batch_mates(self._open_groups(step, tasks), tasks, self.rl.rollout.groups_per_batch)
         self._rolled[step] = {"groups": [t.group for t in tasks], "metrics": metrics}
@@ -74,12 +176,9 @@ class AsyncRollouts:
             self._submit(step)
         t0 = time.perf_counter()
         result = self.sampler.wait(step)
-        written = result["groups"]
-        counts = self._failures.setdefault(step, {})
-        for name, n in result["failures"].items():
-            counts[name] = counts.get(name, 0) + n
-        if written:
-            self.ledger.move(step, written, "sealed")
+        self.scorers.count_failures(step, result["failures"])  # the sampler scores what it samples
+        if result["groups"]:
+            self.ledger.move(step, result["groups"], "sealed")
         info = self._rolled.pop(step)
         path = self.store.merge_parts("rollouts", step, info["groups"])
         versions = self.store.column("rollouts", step, "weights_version")
@@ -87,8 +186,18 @@ class AsyncRollouts:
                       "async/staleness": float(step - min(versions)),
                       "async/weights_version": float(min(versions))}
 
-    def _wait_ahead(self, done: int) -> None:
+    def wait_ahead(self, done: int) -> None:
         """Before a checkpoint at `done`: the shards of steps done .. done+k-1 are stored."""
+        if self.sampler is None:
+            return
         for step in range(done, min(done + self.rl.async_.max_staleness, self.rl.steps)):
             if not self.store.has("rollouts", step):
                 self._ahead[step] = self._async_rollout(step)
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+        if self._threads_before:
+            torch.set_num_threads(self._threads_before)
+        if self.pool is not None:
+            self.pool.close()

@@ -4,7 +4,7 @@ Rank 0 is the stage's own process: it holds the policy that the rollout workers,
 and checkpoints use. Ranks 1..P-1 (`LearnerPeer`, Ray actors) hold identical copies: the same
 weights (broadcast from rank 0 at the start), the same optimizer state (read from the same
 checkpoint). Every step rank 0 computes the advantages, and the critic's values and returns,
-on the whole batch; each rank trains on its share of the groups; the gradients are summed
+on the whole batch (`update.whole_batch_advantages`); each rank trains on its share of the groups; the gradients are summed
 over the group (`learner.Share`), so every rank takes the same step. Nothing is started per step.
 """
 from __future__ import annotations
@@ -57,26 +57,18 @@ class LearnerPeer:
                  pad_id: int, seed: int):
         import torch.distributed as dist
 
-        from hindsight.models.load import disable_dropout, load_causal_lm, load_reward_model
+        from hindsight.learning.build import build_critic, build_optimizer, build_policy
 
         dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
                                 timeout=group_timeout(rl))
         self.rank, self.world, self.settings, self.steps = rank, world, learner_settings(rl), 0
-        self.policy = load_causal_lm(policy_path, dtype)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=rl.lr, weight_decay=0.0)
+        self.policy = build_policy(policy_path, dtype, rl)
+        self.optimizer = build_optimizer(self.policy, rl.lr, optimizer_file)
         self.critic = self.critic_optimizer = None
         if critic_path is not None:
-            torch.manual_seed(seed)
-            self.critic = load_reward_model(critic_path, dtype)
-            self.critic.config.pad_token_id = pad_id
-            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(),
-                                                      lr=self.settings.algorithm_settings.critic_lr, weight_decay=0.0)
-        for model in (self.policy, self.critic):
-            if model is not None and rl.disable_dropout:
-                disable_dropout(model)
-        for optimizer, path in ((self.optimizer, optimizer_file), (self.critic_optimizer, critic_optimizer_file)):
-            if optimizer is not None and path:
-                optimizer.load_state_dict(torch.load(path, weights_only=True))
+            self.critic = build_critic(critic_path, dtype, rl, pad_id, seed)
+            self.critic_optimizer = build_optimizer(self.critic, self.settings.algorithm_settings.critic_lr,
+                                                    critic_optimizer_file)
         broadcast_from_rank0(self.policy, self.critic)
 
     def ready(self) -> int:

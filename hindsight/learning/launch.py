@@ -103,19 +103,16 @@ def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, d
     from accelerate import PartialState
     from torch.nn.parallel import DistributedDataParallel
 
-    from hindsight.experience import Experience
     from hindsight.config import RLConfig
+    from hindsight.experience import Experience
+    from hindsight.learning.build import build_optimizer, build_policy
     from hindsight.learning.update import learner_settings, update
-    from hindsight.models.load import disable_dropout, load_causal_lm
 
     state = PartialState(cpu=not torch.cuda.is_available())
     rl_cfg = RLConfig.model_validate(rl)
     s = learner_settings(rl_cfg)
-    model = load_causal_lm(policy_dir, dtype)
-    if rl_cfg.disable_dropout:
-        disable_dropout(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=rl_cfg.lr, weight_decay=0.0)
-    optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
+    model = build_policy(policy_dir, dtype, rl_cfg)
+    optimizer = build_optimizer(model, rl_cfg.lr, optimizer_file)
     exp = Experience(**torch.load(batch_file, weights_only=True))
     index, override = padded_share(exp.meta["groups"], state.process_index, state.num_processes)
     scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes) if override is None else override

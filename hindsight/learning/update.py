@@ -100,31 +100,37 @@ class Share:
             at += p.numel()
 
 
+def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None) -> Experience:
+    """Set the batch's advantages (and a critic's values and returns) on `exp`, unless they are
+    set: the one place they are computed, always on the whole batch, before any rank takes its
+    share, so the learner group and a launched update see the numbers one process would."""
+    if exp.advantages is not None:
+        return exp
+    if s.estimator.needs_critic and exp.values is None:
+        on = exp.to(model_device(critic))
+        with torch.no_grad():
+            exp.values = token_values(critic, on.input_ids, on.attention_mask, exp.completion_mask.size(1)).cpu()  # (B, T)
+    exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
+    return exp
+
+
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
            loss_scale: float = 1.0, share: Share | None = None) -> dict:
     """Train on one stored batch; returns metrics of the last pass (and every pass's ratio).
 
-    With `exp.advantages` already set (a process's share of a batch whose advantages were
-    computed whole), they are used as they are; `loss_scale` turns that share's loss into
-    its part of the whole batch's loss under DDP (see `distributed.rl_update`), and `share`
+    The batch's advantages are computed first if they are not set (`whole_batch_advantages`);
+    a share of a batch (`exp.rows`) carries the whole batch's. `loss_scale` turns a share's loss
+    into its part of the whole batch's loss under DDP (`learning.launch.rl_update`), and `share`
     does the same in the learner group (`hindsight.learning.group`).
     """
     share = share or Share(policy_scale=loss_scale)
-    src, exp = exp, exp.to(model_device(model))
-    mask = exp.completion_mask                                                   # (B, T)
-    old_values, returns = exp.values, exp.returns  # set when a share's advantages came from the whole batch
-    if s.estimator.needs_critic and old_values is None:
-        with torch.no_grad():
-            old_values = token_values(critic, exp.input_ids, exp.attention_mask, mask.size(1))  # (B, T)
-    if exp.advantages is None:
-        exp.advantages, returns = compute_advantages(exp, s, old_values)
-        src.advantages = exp.advantages.detach().cpu()  # the caller stores them with the rollout
+    exp = whole_batch_advantages(exp, s, critic).to(model_device(model))
     model.train()
     metrics: dict[str, float] = {}
     for it in range(s.num_iterations):
         step = _policy_step(model, optimizer, exp, s, share)
         if critic is not None:
-            step.update(_critic_step(critic, critic_optimizer, exp, old_values, returns, s, share))
+            step.update(_critic_step(critic, critic_optimizer, exp, exp.values, exp.returns, s, share))
         metrics.update(step)
         metrics[f"ratio_mean/iter{it}"] = step["ratio_mean"]
     return metrics

@@ -9,6 +9,8 @@ import math
 import resource
 import sys
 
+from hindsight.learning.algorithms.advantages import has_signal
+
 
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default), without numpy for a list of a few hundred."""
@@ -23,7 +25,7 @@ def percentile(values: list[float], q: float) -> float:
 def zero_variance_fraction(rewards: list[float], group_size: int) -> float:
     """Share of prompt groups whose completions all got the same reward (no GRPO signal)."""
     groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
-    return sum(1.0 for g in groups if max(g) - min(g) == 0) / max(1, len(groups))
+    return sum(1.0 for g in groups if not has_signal(g)) / max(1, len(groups))
 
 
 def _mean(xs: list[float]) -> float:

@@ -13,6 +13,7 @@ from hindsight.state.fsutil import atomic_write_bytes, read_json
 from hindsight.lookback.history import MetricsLog
 from hindsight.lookback.plots import write_run_plots
 from hindsight.lookback.report import render_step_report
+from hindsight.state.checkpoint import CheckpointManager
 from hindsight.state.store import RolloutStore
 
 
@@ -30,10 +31,10 @@ def tokenizer_for(rl_dir: Path):
     """The tokenizer saved with the newest checkpoint, else the one the run started from."""
     from hindsight.models.load import load_tokenizer
 
-    manifest = read_json(rl_dir / "checkpoints" / "manifest.json", default={}) or {}
-    step = manifest.get("step")
+    ckpt = CheckpointManager(rl_dir / "checkpoints")
+    step = ckpt.latest_step()
     if step:
-        return load_tokenizer(str(rl_dir / "checkpoints" / "policy" / f"step-{step:06d}"))
+        return load_tokenizer(str(ckpt.policy_dir(step)))
     init = (read_json(rl_dir / "fingerprint.json", default={}) or {}).get("sampling", {}).get("init")
     if not init:
         raise CheckpointError(f"{rl_dir}: no checkpoint yet, so no tokenizer to decode the stored tokens with")

@@ -7,10 +7,12 @@ importable, or returns the wrong number of scores, is a configuration bug and fa
 from __future__ import annotations
 
 import importlib
+import hashlib
 import logging
 import math
 import numbers
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hindsight.errors import RewardError
 
@@ -162,3 +164,10 @@ def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple
                 log.warning("reward %s gave %r for completion %r; using fallback %s", spec, value, completion, fallback)
         scores.append(float(value) if ok else fallback)
     return scores, failed
+
+
+def reward_source_hash(spec: str) -> str:
+    """A reward module's source: editing a user's reward outside our packages reruns the stage."""
+    module = importlib.import_module(spec.partition(":")[0])
+    source = getattr(module, "__file__", None)
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else "builtin"

@@ -75,13 +75,13 @@ class CheckpointManager:
             return write
 
         policy = atomic_dir(self.policy_dir(step), fill(model))
-        self._save_tensor_file(self.root / "optimizer" / f"step-{step:06d}.pt", optimizer.state_dict())
+        self._save_tensor_file(self.tensor_file(step, "optimizer"), optimizer.state_dict())
         rng = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-        self._save_tensor_file(self.root / "rng" / f"step-{step:06d}.pt", rng)
+        self._save_tensor_file(self.tensor_file(step, "rng"), rng)
         components = {"policy": step, "optimizer": step, "rng": step}
         if critic is not None:
             atomic_dir(self.critic_dir(step), fill(critic))
-            self._save_tensor_file(self.root / "critic_optimizer" / f"step-{step:06d}.pt", critic_optimizer.state_dict())
+            self._save_tensor_file(self.tensor_file(step, "critic_optimizer"), critic_optimizer.state_dict())
             components.update(critic=step, critic_optimizer=step)
         crash_point("checkpoint", step)  # components written, manifest not yet: the torn case
         manifest = {**self.manifest(), **(extra or {}), "step": step, **components}
@@ -98,7 +98,7 @@ class CheckpointManager:
         for folder in (self.policy_dir(step), self.critic_dir(step)):
             if folder.is_dir():
                 out += sorted(p for p in folder.rglob("*") if p.is_file())
-        out += [p for c in ("optimizer", "rng", "critic_optimizer") if (p := self.root / c / f"step-{step:06d}.pt").exists()]
+        out += [p for c in ("optimizer", "rng", "critic_optimizer") if (p := self.tensor_file(step, c)).exists()]
         return out
 
     def _checksums(self, step: int) -> dict[str, str]:
@@ -142,13 +142,16 @@ class CheckpointManager:
 
     def restore_rng(self, step: int) -> None:
         """Put the process's torch and python RNG back where they were at `step`."""
-        state = self._load_tensor_file(self.root / "rng" / f"step-{step:06d}.pt")
+        state = self._load_tensor_file(self.tensor_file(step, "rng"))
         torch.set_rng_state(state["torch"])
         random.setstate((3, tuple(state["python"]), None))
 
+    def tensor_file(self, step: int, component: str = "optimizer") -> Path:
+        """Where a component saved as one tensor file (optimizer, critic_optimizer, rng) lives."""
+        return self.root / component / f"step-{step:06d}.pt"
+
     def load_optimizer(self, step: int, optimizer, component: str = "optimizer") -> None:
-        path = self.root / component / f"step-{step:06d}.pt"
-        optimizer.load_state_dict(self._load_tensor_file(path))
+        optimizer.load_state_dict(self._load_tensor_file(self.tensor_file(step, component)))
 
     def _save_tensor_file(self, path: Path, obj) -> None:
         import io
@@ -174,4 +177,4 @@ class CheckpointManager:
             shutil.rmtree(self.policy_dir(old), ignore_errors=True)
             shutil.rmtree(self.critic_dir(old), ignore_errors=True)
             for comp in ("optimizer", "rng", "critic_optimizer"):
-                (self.root / comp / f"step-{old:06d}.pt").unlink(missing_ok=True)
+                self.tensor_file(old, comp).unlink(missing_ok=True)

@@ -76,6 +76,12 @@ class Ledger:
                 e.trained -= 1
         self._write(step, entries)
 
+    def advance(self, step: int, state: str, to: str, groups: list[int] | None = None) -> None:
+        """Move the step's groups in `state` (or just `groups` among them) to `to`."""
+        found = [g for g in self.in_state(step, state) if groups is None or g in groups]
+        if found:
+            self.move(step, found, to)
+
     def in_state(self, step: int, state: str) -> list[int]:
         return sorted(g for g, e in self.read(step).items() if e.state == state)
 

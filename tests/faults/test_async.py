@@ -43,7 +43,7 @@ def test_every_sample_is_exactly_k_versions_behind(tiny_init, tmp_path, k):
             assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4
     finally:
         run.close()
-    assert run.sampler.proc.poll() is not None  # closed with the run
+    assert run.rollouts.sampler.proc.poll() is not None  # closed with the run
 
 
 def _drive(cfg_path, init, env=None, kill_after=None):
@@ -118,7 +118,7 @@ def test_a_dead_sampler_fails_the_step_at_once_naming_its_log(tiny_init, tmp_pat
     work, init = tiny_init
     run = RLRun(PipelineConfig.model_validate(_cfg(work, tmp_path / "run", 1, steps=4)), init, None)
     try:
-        run.sampler.proc.kill()
+        run.rollouts.sampler.proc.kill()
         with pytest.raises(StageError, match=r"the sampler process died \(exit -9\) before finishing step 0 "
                                              r"\(its log: .*sampler.log\); rerun to resume"):
             run.rollout(0)

@@ -151,12 +151,12 @@ def test_lower_lr_alert_lowers_the_rate_and_it_survives_resume(tiny_run, tmp_pat
     assert run.start_step == 2 and len(run.monitor.history) == 2  # history reloaded from metrics.jsonl
     fired = run.observe(3, {"kl": 0.9})
     assert [a.rule for a in fired] == ["kl_high"]
-    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
+    assert run.learner.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
     assert '"rule": "kl_high"' in (run.dir / "alerts.jsonl").read_text()
     run.checkpoint(3)
     run.close()
     resumed = RLRun(cfg, init, None)
-    assert resumed.start_step == 3 and resumed.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
+    assert resumed.start_step == 3 and resumed.learner.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
     resumed.close()
 
 

@@ -35,9 +35,9 @@ def _run(work, init, run_dir, algorithm, workers):
     pids, spawned = [], []
     for step in range(run.start_step, STEPS):  # as the flow does: a resumed run starts at its checkpoint
         run.rollout(step), run.score(step), run.update(step)
-        if run.learners is not None:
-            pids.append(run.learners.ray.get([p.pid.remote() for p in run.learners.peers]))
-            spawned.append((run.pool.spawned, run.scorer_pool.spawned))
+        if run.learner.group is not None:
+            pids.append(run.learner.group.ray.get([p.pid.remote() for p in run.learner.group.peers]))
+            spawned.append((run.rollouts.pool.spawned, run.scorers.pool.spawned))
     return run, pids, spawned
 
 
@@ -50,7 +50,7 @@ def test_two_learners_train_what_one_trains(init, tmp_path, algorithm):
     for (k, a), (_, b) in zip(one.policy.state_dict().items(), two.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=ATOL), k
     if algorithm == "ppo":
-        for (k, a), (_, b) in zip(one.critic.state_dict().items(), two.critic.state_dict().items()):
+        for (k, a), (_, b) in zip(one.learner.critic.state_dict().items(), two.learner.critic.state_dict().items()):
             assert torch.allclose(a, b, atol=ATOL), k
     for step in range(STEPS):  # the same tokens sampled, so the same batches were trained
         a, b = one.store.read("rollouts", step), two.store.read("rollouts", step)

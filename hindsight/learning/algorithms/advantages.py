@@ -24,10 +24,13 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"
     return centred.reshape(-1)                                    # (B,)
 
 
-def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(G,) bool: groups whose completions all got the same reward carry no GRPO signal."""
-    grouped = rewards.view(-1, group_size)                        # (G, S)
-    return (grouped.max(dim=1).values - grouped.min(dim=1).values).abs() < 1e-8
+SIGNAL_EPS = 1e-8  # rewards closer than this within a group count as equal
+
+
+def has_signal(group) -> bool:
+    """A group of completions of one prompt carries a learning signal when its rewards differ:
+    the one definition that dynamic sampling, replay and the metrics use."""
+    return max(group) - min(group) >= SIGNAL_EPS
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

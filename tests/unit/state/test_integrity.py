@@ -9,7 +9,7 @@ import torch
 from hindsight.errors import CheckpointError
 from hindsight.coordination.run import RLRun
 from hindsight.state.store import CorruptShard, RolloutStore
-from test_correctness import _rl_cfg, _tiny
+from helpers import rl_cfg, tiny_init
 
 
 def _flip(path, at=0.5):
@@ -40,14 +40,14 @@ def test_a_flipped_bit_in_a_stored_shard_fails_its_read(tmp_path):
 
 @pytest.mark.parametrize("component", ["scores", "rollouts"])
 def test_a_corrupt_shard_is_generated_again_and_training_ends_where_a_clean_run_ends(tmp_path, component, caplog):
-    init = _tiny(tmp_path / "hurt")
-    _tiny(tmp_path / "clean")  # the same demo data for the clean run (its own model is not used)
-    clean = RLRun(_rl_cfg(tmp_path / "clean", steps=3, save_every=1), init, None)
+    init = tiny_init(tmp_path / "hurt")
+    tiny_init(tmp_path / "clean")  # the same demo data for the clean run (its own model is not used)
+    clean = RLRun(rl_cfg(tmp_path / "clean", steps=3, save_every=1), init, None)
     _steps(clean, range(3))
     want = _weights(clean)
     clean.close()
 
-    cfg = _rl_cfg(tmp_path / "hurt", steps=3, save_every=1)
+    cfg = rl_cfg(tmp_path / "hurt", steps=3, save_every=1)
     run = RLRun(cfg, init, None)
     _steps(run, [0])
     run.rollout(1), run.score(1)  # stored and scored, then the process dies before training it
@@ -71,8 +71,8 @@ def test_a_corrupt_shard_is_generated_again_and_training_ends_where_a_clean_run_
 
 @pytest.mark.parametrize("victim", ["policy/step-000002/model.safetensors", "optimizer/step-000002.pt"])
 def test_a_flipped_bit_in_a_checkpoint_falls_back_to_the_newest_intact_version(tmp_path, victim, caplog):
-    init = _tiny(tmp_path)
-    cfg = _rl_cfg(tmp_path, steps=3, save_every=1)
+    init = tiny_init(tmp_path)
+    cfg = rl_cfg(tmp_path, steps=3, save_every=1)
     run = RLRun(cfg, init, None)
     _steps(run, [0])
     at_one = _weights(run)
@@ -91,8 +91,8 @@ def test_a_flipped_bit_in_a_checkpoint_falls_back_to_the_newest_intact_version(t
 
 
 def test_with_no_intact_checkpoint_the_resume_is_one_clear_error(tmp_path):
-    init = _tiny(tmp_path)
-    cfg = _rl_cfg(tmp_path, steps=3, save_every=1)
+    init = tiny_init(tmp_path)
+    cfg = rl_cfg(tmp_path, steps=3, save_every=1)
     run = RLRun(cfg, init, None)
     _steps(run, [0, 1])
     run.close()

@@ -5,7 +5,7 @@ import pytest
 from hindsight.config import flatten, load_config
 from hindsight.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 PIPELINES = [p for p in sorted(ROOT.glob("configs/**/*.yaml")) if "accelerate" not in p.parts and "sweep" not in p.name]

@@ -5,7 +5,7 @@ from hindsight.state.checkpoint import CheckpointManager, checkpoint_due, checkp
 from hindsight.errors import CheckpointError, StorageError
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.models.tiny import build_tiny_model
-from hindsight.coordination.run import prompt_indices
+from hindsight.coordination.prompts import prompt_indices
 from hindsight.state.store import RolloutStore
 
 

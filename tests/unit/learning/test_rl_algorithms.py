@@ -66,9 +66,9 @@ def test_ppo_critic_is_a_versioned_component_and_resumes(init, tmp_path):
     run.close()
     resumed = RLRun(cfg, path, None)
     assert resumed.start_step == 2
-    state = resumed.critic.state_dict()
+    state = resumed.learner.critic.state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items() if k in state)
-    assert resumed.critic_optimizer.state_dict()["state"], "critic optimizer state was not restored"
+    assert resumed.learner.critic_optimizer.state_dict()["state"], "critic optimizer state was not restored"
     resumed.close()
 
 

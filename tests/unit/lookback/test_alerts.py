@@ -90,7 +90,7 @@ def test_every_configurable_rule_is_implemented_and_documented():
 
     names = set(get_args(AlertRule.model_fields["rule"].annotation))
     assert names == set(RULES)
-    doc = (Path(__file__).resolve().parents[2] / "docs/metrics.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs/metrics.md").read_text()
     assert all(f"| `{n}` |" in doc for n in names)
     assert {r.rule for r in RLConfig().alerts} == names  # each rule is on by default
 

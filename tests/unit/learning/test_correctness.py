@@ -3,6 +3,7 @@ import math
 
 import torch
 
+from helpers import rl_cfg, tiny_init
 from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss
 
 
@@ -28,42 +29,13 @@ def test_kl_log_ratio_is_clamped_like_verl_and_openrlhf():
     torch.testing.assert_close(kl_estimate(logp, ref, "k1"), torch.tensor([[-20.0]]))
 
 
-def _rl_cfg(tmp_path, **rl):
-    from hindsight.config import PipelineConfig
-
-    return PipelineConfig.model_validate({
-        "name": "c", "run_dir": str(tmp_path / "run"),
-        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl"),
-                 "eval": str(tmp_path / "data/eval.jsonl")},
-        "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "rollout": {"max_new_tokens": 4}, "rewards": [{"fn": "test_correctness:varied_reward"}], **rl}})
-
-
-def varied_reward(completions, **_):
-    return [float(len(c) % 3) for c in completions]
-
-
-def _tiny(tmp_path, **config):
-    from transformers import AutoConfig
-
-    from hindsight.data.demo import build_demo_data
-    from hindsight.models.tiny import build_tiny_model
-
-    build_demo_data(tmp_path / "data", seed=0)
-    path = build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2)
-    if config:
-        cfg = AutoConfig.from_pretrained(path)
-        for k, v in config.items():
-            setattr(cfg, k, v)
-        cfg.save_pretrained(path)
-    return str(path)
 
 
 def test_dropout_is_off_in_rl_so_the_first_ratio_is_one(tmp_path):
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path, attention_dropout=0.9)
-    run = RLRun(_rl_cfg(tmp_path), init, None)
+    init = tiny_init(tmp_path, attention_dropout=0.9)
+    run = RLRun(rl_cfg(tmp_path), init, None)
     run.rollout(0), run.score(0)
     assert abs(run.update(0)["ratio_mean/iter0"] - 1.0) < 1e-5
     run.close()
@@ -72,8 +44,8 @@ def test_dropout_is_off_in_rl_so_the_first_ratio_is_one(tmp_path):
 def test_dropout_can_be_kept_on_by_choice(tmp_path):
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path, attention_dropout=0.9)
-    run = RLRun(_rl_cfg(tmp_path, disable_dropout=False), init, None)
+    init = tiny_init(tmp_path, attention_dropout=0.9)
+    run = RLRun(rl_cfg(tmp_path, disable_dropout=False), init, None)
     run.rollout(0), run.score(0)
     assert abs(run.update(0)["ratio_mean/iter0"] - 1.0) > 1e-5  # the opt-out really keeps dropout
     run.close()
@@ -111,8 +83,8 @@ def test_resume_restores_the_saved_rng_state(tmp_path):
 
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path)
-    cfg = _rl_cfg(tmp_path, save_every=1)
+    init = tiny_init(tmp_path)
+    cfg = rl_cfg(tmp_path, save_every=1)
     run = RLRun(cfg, init, None)
     run.rollout(0), run.score(0), run.update(0)
     saved = torch.load(run.ckpt.root / "rng" / "step-000001.pt", weights_only=True)
@@ -128,18 +100,18 @@ def test_resume_restores_the_saved_rng_state(tmp_path):
 def test_a_changed_lr_takes_effect_on_resume_and_an_alert_factor_stays_a_multiplier(tmp_path):
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path)
+    init = tiny_init(tmp_path)
     lower = [{"rule": "kl_high", "threshold": -1.0, "window": 1, "action": "lower_lr", "factor": 0.5}]
-    run = RLRun(_rl_cfg(tmp_path, save_every=1, lr=1e-3, alerts=lower), init, None)
+    run = RLRun(rl_cfg(tmp_path, save_every=1, lr=1e-3, alerts=lower), init, None)
     run.rollout(0), run.score(0)
     metrics = run.update(0)
     run.observe(1, metrics)  # kl > -1 always: the rule fires once and halves the rate
-    assert run.optimizer.param_groups[0]["lr"] == 5e-4
+    assert run.learner.optimizer.param_groups[0]["lr"] == 5e-4
     run.checkpoint(1)
     run.close()
-    resumed = RLRun(_rl_cfg(tmp_path, save_every=1, lr=4e-3, alerts=lower), init, None)
+    resumed = RLRun(rl_cfg(tmp_path, save_every=1, lr=4e-3, alerts=lower), init, None)
     assert resumed.start_step == 1
-    assert resumed.optimizer.param_groups[0]["lr"] == 2e-3  # the new rl.lr times the recorded 0.5
+    assert resumed.learner.optimizer.param_groups[0]["lr"] == 2e-3  # the new rl.lr times the recorded 0.5
     resumed.rollout(1), resumed.score(1)
     m = resumed.update(1)
     assert m["lr"] == 2e-3 and m["lr/alert_multiplier"] == 0.5
@@ -171,8 +143,8 @@ def signal_on_even_answers(completions, answer, **_):
 def test_replayed_groups_are_trained_under_dynamic_sampling(tmp_path):
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path)
-    cfg = _rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:always_signal"}],
+    init = tiny_init(tmp_path)
+    cfg = rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:always_signal"}],
                   dynamic_sampling={"enabled": True, "oversample": 2.0}, replay={"ratio": 0.5, "window": 4})
     run = RLRun(cfg, init, None)
     run.rollout(0), run.score(0), run.update(0)
@@ -190,8 +162,8 @@ def test_replayed_groups_are_trained_under_dynamic_sampling(tmp_path):
 def test_dynamic_sampling_samples_more_rounds_until_the_step_is_full(tmp_path):
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path)
-    cfg = _rl_cfg(tmp_path, prompts_per_step=6, rewards=[{"fn": "test_correctness:signal_on_even_answers"}],
+    init = tiny_init(tmp_path)
+    cfg = rl_cfg(tmp_path, prompts_per_step=6, rewards=[{"fn": "test_correctness:signal_on_even_answers"}],
                   dynamic_sampling={"enabled": True, "oversample": 1.0, "max_rounds": 5})
     run = RLRun(cfg, init, None)
     _, r0 = run.rollout(0)
@@ -208,8 +180,8 @@ def test_dynamic_sampling_samples_more_rounds_until_the_step_is_full(tmp_path):
 def test_dynamic_sampling_stops_at_max_rounds(tmp_path):
     from hindsight.coordination.run import RLRun
 
-    init = _tiny(tmp_path)
-    cfg = _rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:constant"}],
+    init = tiny_init(tmp_path)
+    cfg = rl_cfg(tmp_path, rewards=[{"fn": "test_correctness:constant"}],
                   dynamic_sampling={"enabled": True, "oversample": 1.0, "max_rounds": 2})
     run = RLRun(cfg, init, None)
     _, r0 = run.rollout(0)

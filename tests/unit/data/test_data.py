@@ -77,6 +77,6 @@ def test_dvc_dir_md5_matches_dvc_itself(tmp_path):
 def test_repo_data_dvc_pin_matches_the_builder(tmp_path):
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     build_demo_data(tmp_path / "data")
     assert dvc_dir_md5(tmp_path / "data") == pinned_md5(root / "data.dvc")

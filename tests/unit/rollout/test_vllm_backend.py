@@ -72,7 +72,7 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
     from hindsight.models.load import load_causal_lm
 
     engine = StandInEngine(load_causal_lm(init))
-    run.rollout_workers[0].engine = engine
+    run.rollouts.workers[0].engine = engine
     for step in range(2):
         run.rollout(step), run.score(step), run.update(step)
     assert engine.loads == 2  # before step 0 (policy from checkpoint) and after the step-0 update
@@ -105,7 +105,7 @@ def _nucleus_run(tmp_path, **rl):
     run = RLRun(cfg, init, None)
     from hindsight.models.load import load_causal_lm
 
-    run.rollout_workers[0].engine = NucleusEngine(load_causal_lm(init))
+    run.rollouts.workers[0].engine = NucleusEngine(load_causal_lm(init))
     run.rollout(0), run.score(0)
     return run
 

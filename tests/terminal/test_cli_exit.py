@@ -1,4 +1,4 @@
-"""The CLI ends with os._exit to skip the interpreter's teardown (cli._exit); what a normal exit
+"""The CLI ends with os._exit to skip the interpreter's teardown (cli.runtime.exit_now); what a normal exit
 does that matters must still happen first: queued work in non-daemon threads finishes, atexit
 handlers run, buffered output is flushed, and the status is the command's."""
 import subprocess
@@ -16,8 +16,8 @@ SCRIPT = textwrap.dedent("""
     pool.submit(lambda: (time.sleep(0.5), (out / "from-thread").write_text("done")))
     atexit.register(lambda: (out / "from-atexit").write_text("done"))
     sys.stdout.write("buffered, no newline")
-    from cli import _exit
-    _exit({code})
+    from cli.runtime import exit_now
+    exit_now({code})
     (out / "after-exit").write_text("never")
 """)
 
@@ -33,3 +33,12 @@ def test_exit_finishes_threads_and_atexit_then_returns_the_status(tmp_path, code
     assert res.stdout == "buffered, no newline"
     if status == 1:
         assert res.stderr.strip() == "error: bad input"
+
+
+def test_the_interpreter_calls_the_fast_exit_relies_on_still_exist():
+    """exit_now runs what Py_Finalize runs first through two private calls (cli/runtime._finalize):
+    if a Python version renames them, this fails before any command silently loses queued work."""
+    import atexit
+    import threading
+
+    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)

@@ -1,0 +1,44 @@
+"""One builder for what a learner trains: the policy, the critic and their optimizers.
+
+Every learner path builds through it (the stage's process, a learner-group peer, a launched
+update), so a setting such as dropout or the adapter's seed cannot differ between them.
+"""
+from __future__ import annotations
+
+import torch
+
+from hindsight.models.load import disable_dropout, load_causal_lm, load_reward_model
+from hindsight.models.lora import load_adapter, with_adapter
+
+
+def build_policy(path: str, dtype: str, rl, base: str | None = None, seed: int = 0, resume: bool = False):
+    """The model at `path`; with `rl.lora`, the model at `base` plus an adapter: the one at
+    `path` on resume, else a fresh one (seeded, so it starts the same way every run)."""
+    if rl.lora.enabled:
+        model = load_causal_lm(base or path, dtype)
+        torch.manual_seed(seed)
+        model = load_adapter(model, path) if resume else with_adapter(model, rl.lora)
+    else:
+        model = load_causal_lm(path, dtype)
+    if rl.disable_dropout:  # rollouts sample in eval mode: with dropout the ratio is not 1 before a step
+        disable_dropout(model)
+    return model
+
+
+def build_critic(path: str, dtype: str, rl, pad_id: int, seed: int = 0):
+    """A value model (a sequence-classification head read out at every token); a fresh head is
+    seeded, so it starts the same way every run."""
+    torch.manual_seed(seed)
+    critic = load_reward_model(path, dtype)
+    critic.config.pad_token_id = pad_id
+    if rl.disable_dropout:
+        disable_dropout(critic)
+    return critic
+
+
+def build_optimizer(model, lr: float, state_file: str | None = None) -> torch.optim.Optimizer:
+    """AdamW without weight decay (RL's updates are small: decay would dominate them)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    if state_file:
+        optimizer.load_state_dict(torch.load(state_file, weights_only=True))
+    return optimizer
