@@ -49,7 +49,7 @@ def main() -> None:
     from flows.rl import rl_flow
     from grpo_vs_trl import setup
     from hindsight.config import PipelineConfig
-    from tasks.stages import evaluate_path
+    from hindsight.scoring.evaluate import evaluate_path
 
     torch.set_num_threads(os.cpu_count() or 1)
     work = Path(tempfile.mkdtemp(prefix="hindsight-algorithms-"))

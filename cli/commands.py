@@ -120,7 +120,7 @@ def report(run: str = typer.Argument(..., help="run directory (runs/NAME) or the
 
         path = Path(run)
         if not path.exists():
-            from tasks.lookback import client_for, run_dir_of
+            from tracking.lookback import client_for, run_dir_of
 
             path = run_dir_of(client_for(tracking_uri), run)
         rl_dir = rl_dir_of(path)
@@ -139,7 +139,7 @@ def compare(run_a: str = typer.Argument(..., help="MLflow run id or name"),
     env()
 
     def go():
-        from tasks.lookback import client_for, compare_runs
+        from tracking.lookback import client_for, compare_runs
 
         typer.echo(compare_runs(client_for(tracking_uri), run_a, run_b))
 
@@ -199,8 +199,8 @@ def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME)
     def go():
         from hindsight.errors import ConfigError
         from hindsight.state.runlock import run_lock
-        from tasks.spool import Spool
-        from tasks.tracking import sync_spool
+        from tracking.spool import Spool
+        from tracking import sync_spool
 
         spool = Spool(run_dir)
         if not run_dir.is_dir():

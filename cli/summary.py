@@ -20,8 +20,8 @@ def print_summary(rows: list[dict]) -> None:
 
 
 def where_to_look(cfg) -> None:
-    """The MLflow UI link for these runs, in its model-training view (see tasks/tracking.py)."""
-    from tasks.tracking import client, experiment_id, tracking_uri, ui_url
+    """The MLflow UI link for these runs, in its model-training view (see tracking/store.py)."""
+    from tracking import client, experiment_id, tracking_uri, ui_url
 
     uri = tracking_uri(cfg)
     try:
@@ -37,7 +37,7 @@ def where_to_look(cfg) -> None:
 def explain_cached(cfg, rows: list[dict]) -> None:
     """A cached stage registered nothing now: say which earlier version it is, and when a
     later version holds @latest, that it is not the one this config produced."""
-    from tasks.tracking import client
+    from tracking import client
 
     for r in rows:
         if not r.get("cached"):

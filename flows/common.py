@@ -13,11 +13,11 @@ from hindsight.errors import DataError, HindsightError, StageError, TrackingErro
 from hindsight.console import say
 from hindsight.coordination.resume import archive_run_dir
 from hindsight.state.runlock import run_lock
-from hindsight.stage import StageResult, StageSpec, preflight
+from hindsight.stage import StageContext, StageResult, StageSpec, preflight
 from tasks.cache import declared_key
 from tasks.stages import stage_task
-from tasks.spool import Spool
-from tasks.tracking import SPOOLED, resolve_model
+from tracking.spool import Spool
+from tracking import SPOOLED, resolve_model
 
 log = logging.getLogger("hindsight")
 
@@ -102,3 +102,11 @@ def transient(task, task_run, state) -> bool:
     """Retry only unexpected failures: bad input (a HindsightError) would fail the same way again."""
     exc = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
     return not isinstance(exc, HindsightError)
+
+
+def train(ctx: StageContext, trainer: str, **kwargs) -> dict:
+    """A TRL trainer in this process, or under `accelerate launch` with resources.num_processes."""
+    from hindsight.learning.launch import run_trainer  # TRL and peft take seconds to import; only these stages need them
+
+    res = ctx.cfg.resources
+    return run_trainer(trainer, kwargs, res.num_processes, res.accelerate_config, log=ctx.log)

@@ -10,7 +10,7 @@ from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.learning.negative import negative_finetune, split_by_reward
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from hindsight.state.store import RolloutStore
-from tasks.stages import evaluate_model
+from hindsight.scoring.evaluate import evaluate_model
 
 
 def negative_ft_story(ctx: StageContext) -> StageOutput:

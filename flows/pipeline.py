@@ -11,7 +11,7 @@ from flows import registry
 from flows.common import ensure_data
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageResult, preflight
-from tasks import tracking
+import tracking
 
 
 @flow(name="pipeline", log_prints=False)

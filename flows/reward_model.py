@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import run_declared
+from flows.common import run_declared, train
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
-from tasks.stages import train
 
 
 def reward_model_story(ctx: StageContext) -> StageOutput:

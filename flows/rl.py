@@ -15,8 +15,8 @@ from hindsight.errors import AlertStop
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
-from tasks import tracking
-from tasks.lookback import compare_versions
+import tracking
+from tracking.lookback import compare_versions
 from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, steps_task
 
 

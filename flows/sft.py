@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import run_declared
+from flows.common import run_declared, train
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec
-from tasks.stages import evaluate_path, train
+from hindsight.scoring.evaluate import evaluate_path
 
 
 def sft_story(ctx: StageContext) -> StageOutput:

@@ -13,10 +13,10 @@ from hindsight.console import say
 from hindsight.state.fsutil import atomic_write_bytes
 from hindsight.stage import model_name
 from hindsight.config.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
-from tasks import tracking
+import tracking
 from tasks.cache import stage_key
-from tasks.sweep import (deployment_trial_task, prefect_api_url, ranking_table, sweep_parent_run, sweep_plots,
-                         trial_task)
+from hindsight.lookback.sweep import ranking_table, sweep_plots
+from tasks.sweep import deployment_trial_task, trial_task
 
 
 @flow(name="sweep", log_prints=False)
@@ -24,7 +24,7 @@ def sweep_flow(sweep: SweepConfig, base: PipelineConfig, force: bool = False, sw
     trials = [trial_config(sweep, base, i, p, sweep_file) for i, p in enumerate(trial_params(sweep))]
     shared = _shared_stages(base, force)
     key = stage_key("sweep", {"sweep": sweep.model_dump(), "base": base.model_dump()}, shared, tracking.store_id(base))
-    parent = sweep_parent_run(base, sweep.name, key)
+    parent = tracking.sweep_parent_run(base, sweep.name, key)
     tracking.log_json(base, parent, sweep.model_dump(), "sweep/sweep.json")
     say(f"sweep {sweep.name}: {len(trials)} trials, {sweep.max_concurrency} at a time")
     results = _run_trials(sweep, trials, parent, shared, force)
@@ -83,3 +83,11 @@ def _publish(base: PipelineConfig, sweep: SweepConfig, parent: str, ranked: list
     atomic_write_bytes(out / "ranking.json", json.dumps(ranked, indent=1, default=str).encode())
     for path in [out / "ranking.txt", out / "ranking.json", *sweep_plots(out, [r for r in ranked if r.get("run_dir")])]:
         tracking.log_artifact(base, parent, path, "sweep")
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect API this flow talks to (the CLI's local server, or a deployment's), for the trials'
+    processes; unset only when no server is configured, and then each trial runs without one."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url

@@ -8,9 +8,9 @@ from functools import lru_cache
 
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageSpec, cache_key, code_version
-from tasks import tracking
+import tracking
 
-CODE_PACKAGES = ("hindsight", "rewards", "tasks", "flows")  # the code a stage runs: any edit reruns it
+CODE_PACKAGES = ("hindsight", "rewards", "tasks", "flows", "tracking")  # the code a stage runs: any edit reruns it
 
 
 @lru_cache(maxsize=1)

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from hindsight.config import PipelineConfig
 from hindsight.lookback.rebuild import write_plots, write_step_report
 from hindsight.coordination.run import RLRun
-from tasks.stages import evaluate_model
+from hindsight.scoring.evaluate import evaluate_model
 
 _RESIDENT: dict[str, RLRun] = {}
 

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 from prefect import task
@@ -18,24 +17,8 @@ from prefect import task
 from hindsight.config import PipelineConfig
 from hindsight.errors import StageError
 from hindsight.state.fsutil import atomic_write_bytes
-from hindsight.lookback.history import MetricsLog
-from hindsight.lookback.plots import curves
-from hindsight.lookback.report import text_table
-from tasks import tracking
+import tracking
 from tasks.cache import cache_key_from_inputs
-
-
-def prefect_api_url() -> str | None:
-    """The API this flow talks to, also when it is the CLI's temporary server, for the children."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().api.url
-    if url:
-        return url
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer()
-    return server.api_url if server.running else None
 
 
 @task(name="trial", cache_key_fn=cache_key_from_inputs, persist_result=True)
@@ -86,30 +69,3 @@ def deployment_trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_
     return {"trial": trial, **params, "status": "finished", metric: run.data.metrics.get(metric),
             "reward/mean": run.data.metrics.get("reward/mean"), "version": str(version),
             "run_id": run.info.run_id, "run_dir": str(cfg.root), "flow_run": str(flow_run.id)}
-
-
-def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:
-    cols = ["rank", "trial", *keys, metric, "reward/mean", "version", "status"]
-    return text_table(cols, [[r.get(c) for c in cols] for r in rows], max_width=80)
-
-
-def sweep_plots(out_dir: Path, rows: list[dict]) -> list[Path]:
-    """Each trial's reward curve and eval accuracy, one line per trial."""
-    histories = {r["trial"]: MetricsLog(Path(r["run_dir"]) / "rl" / "metrics.jsonl").read() for r in rows if r.get("run_dir")}
-    series = {key: {t: [(h["step"], float(h[key])) for h in hist if key in h] for t, hist in histories.items()}
-              for key in ("reward/mean", "eval/accuracy")}
-    files = {"curves.png": curves(series["reward/mean"], "reward/mean", "reward per trial"),
-             "accuracy.png": curves(series["eval/accuracy"], "eval/accuracy", "held-out accuracy per trial")}
-    for name, data in files.items():
-        atomic_write_bytes(out_dir / name, data)
-    return [out_dir / n for n in files]
-
-
-def sweep_parent_run(cfg: PipelineConfig, name: str, key: str) -> str:
-    """The sweep's MLflow parent run; a rerun of the same sweep reopens it, so every trial stays under one parent."""
-    c = tracking.client(cfg)
-    found = c.search_runs([tracking.experiment_id(c, cfg)], f"tags.`hindsight.sweep_key` = '{key}'", max_results=1)
-    if found:
-        c.update_run(found[0].info.run_id, status="RUNNING")
-        return found[0].info.run_id
-    return tracking.start_run(cfg, f"sweep-{name}", tags={"hindsight.sweep_key": key, "hindsight.sweep": name})

@@ -5,9 +5,15 @@ TRL's keyword contract, a timeout in the reward worker, and the fallback when it
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
+from hindsight.config import PipelineConfig
+from hindsight.data.rows import load_rows
+from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.rollout.greedy import generate
+from hindsight.scoring.guarded import RewardWorker
 from hindsight.scoring.rewards import score_completions
 
 
@@ -39,3 +45,35 @@ def accuracy(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int
              timeout_s: float = 60.0, fallback: float = 0.0) -> tuple[float, list[str]]:
     judged = judge(model, tok, rows, reward_spec, max_new_tokens, worker, timeout_s, fallback)
     return sum(1.0 for _, ok in judged if ok) / len(rows), [a for a, _ in judged]
+
+
+def eval_rows(cfg: PipelineConfig) -> list[dict]:
+    return load_rows(cfg.data.eval, required=("prompt",), split=cfg.data.eval_split,
+                     columns=cfg.data.columns or None, limit=cfg.eval.limit)
+
+
+def evaluate_model(cfg: PipelineConfig, model, tok, worker=None) -> float:
+    """Held-out accuracy with the config's eval settings; every stage reports it the same way.
+    The judge runs guarded like any reward: in `worker`, or in a worker of its own when
+    rl.reward_isolation is `process`."""
+    with judge_worker(cfg, worker) as w:
+        acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens, w,
+                          cfg.rl.reward_timeout_s, cfg.rl.reward_fallback)
+    return acc
+
+
+@contextmanager
+def judge_worker(cfg: PipelineConfig, worker=None):
+    """The given reward worker, or a fresh one for this evaluation (closed after), or None inline."""
+    if worker is not None or cfg.rl.reward_isolation != "process":
+        yield worker
+        return
+    own = RewardWorker()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def evaluate_path(cfg: PipelineConfig, path: str) -> float:
+    return evaluate_model(cfg, load_causal_lm(path, cfg.model.dtype), load_tokenizer(path))

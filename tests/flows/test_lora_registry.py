@@ -28,7 +28,7 @@ def test_a_lora_policy_is_registered_as_its_adapter_with_the_base_recorded(tiny_
     assert "checkpoint/adapter_config.json" in files and "checkpoint/model.safetensors" not in files
 
     from hindsight.models.load import load_causal_lm
-    from tasks.tracking import resolve_model
+    from tracking import resolve_model
     from hindsight.config import PipelineConfig
 
     cfg = PipelineConfig.model_validate({"tracking": {"tracking_uri": uri}})

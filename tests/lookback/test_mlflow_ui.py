@@ -6,7 +6,7 @@ import re
 import subprocess
 
 from hindsight.config import PipelineConfig
-from tasks import tracking
+import tracking
 from tests.lookback.test_report import chromium
 
 

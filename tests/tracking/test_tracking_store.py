@@ -1,6 +1,6 @@
 """Commands started together on a new SQLite tracking store (two pipelines at once) all open it:
 MLflow creates the tables and runs its migrations when a store is opened, and without
-`tasks.tracking._one_opener` most of four such processes failed (`table metrics already exists`,
+`tracking.store._one_opener` most of four such processes failed (`table metrics already exists`,
 alembic's `Online migration expected to match one row`)."""
 import subprocess
 import sys
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_four_commands_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("from tasks.tracking import client_for\n"
+    code = ("from tracking import client_for\n"
             f"c = client_for({uri!r})\n"
             "c.search_experiments()\n"
             "c.search_registered_models()\n")

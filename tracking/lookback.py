@@ -14,8 +14,8 @@ from hindsight.state.fsutil import atomic_write_bytes
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.lookback.report import render_versions_report, text_table
 from hindsight.stage import model_name
-from tasks import tracking
-from tasks.stages import eval_rows, judge_worker
+import tracking
+from hindsight.scoring.evaluate import eval_rows, judge_worker
 
 
 def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Path:

@@ -1,0 +1,62 @@
+"""The MLflow model registry: a stage's checkpoint folder registered as a version, and a
+`models:/NAME@ALIAS` (or a path, `tiny://`, a hub id) resolved to a local folder."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from hindsight.config import PipelineConfig
+from hindsight.errors import ConfigError
+from hindsight.models.load import resolve_model_path
+from tracking.store import client
+from tracking.writes import register_version, write
+
+
+def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name: str,
+             aliases: tuple[str, ...] = (), tags: dict | None = None) -> str:
+    """Log a checkpoint folder as run artifacts and register it; returns the version.
+
+    MLflow reserves `@latest` and resolves it to the newest version itself, so `X@latest`
+    always means the version registered last.
+    """
+    tags = dict(tags or {})
+    version = write(cfg, run_id, "register", lambda: register_version(client(cfg), run_id, local_dir, model_name, aliases, tags),
+                     local_dir=str(local_dir), model_name=model_name, aliases=list(aliases), tags=tags)
+    return SPOOLED if version is None else version
+
+
+SPOOLED = "spooled"  # the version of a registration waiting in the spool
+
+
+def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
+    """`models:/NAME@ALIAS` or `models:/NAME/VERSION` -> (local folder, 'NAME/VERSION').
+
+    A local path, `tiny://` or a hub id resolves through `resolve_model_path`, with itself
+    as its version string. `field` is the config key the uri came from, for error messages.
+    """
+    if not uri.startswith("models:/"):
+        return resolve_model_path(uri, field=field), uri
+    c = client(cfg)
+    body = uri.removeprefix("models:/")
+    try:
+        if "@" in body:
+            name, alias = body.split("@", 1)
+            mv = c.get_model_version_by_alias(name, alias)
+        else:
+            name, version = body.rsplit("/", 1)
+            mv = c.get_model_version(name, version)
+    except MlflowException as exc:
+        raise ConfigError(f"{field}: {uri} not found in the model registry at {c.tracking_uri} "
+                             f"({exc.message.splitlines()[0]}); run the stage that produces it first") from None
+    dst = Path(".hindsight") / "registry" / mv.name / str(mv.version)
+    if not (dst / "config.json").exists():
+        dst.mkdir(parents=True, exist_ok=True)
+        mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst))
+        nested = dst / "checkpoint"
+        if nested.is_dir():  # download keeps the last path component
+            for p in nested.iterdir():
+                p.rename(dst / p.name)
+            nested.rmdir()
+    return str(dst), f"{mv.name}/{mv.version}"
