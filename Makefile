@@ -16,6 +16,7 @@ demo: install
 
 lint:
 	$(PY) -m ruff check .
+	lint-imports
 
 test: install lint
 	$(PY) -m pytest -q

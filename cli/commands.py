@@ -38,11 +38,12 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
                 moved = archive_run_dir(cfg.root / "rl")
                 if moved:
                     typer.echo(f"moved previous RL state to {moved}")
+            stage_flow = registry.stage(stage).load_flow()  # imports Prefect, which sets up its log handlers
             if not debug:
-                quiet_logs()
+                quiet_logs()  # so filter them now
             extra = {"parent_run_id": parent_run_id} if parent_run_id else {}
             with no_heartbeats():
-                result = registry.stage(stage).load_flow()(cfg, force=force, **extra)
+                result = stage_flow(cfg, force=force, **extra)
         rows = [r.row() for r in (result if isinstance(result, list) else [result])]
         from cli.summary import explain_cached, print_summary, where_to_look
 

@@ -117,7 +117,8 @@ def _one_prefect_server(request):
         yield
 
 
-INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox", "terminal", "tracking"}
+INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox", "terminal", "tracking",
+                    "lint"}
 
 
 def pytest_collection_modifyitems(config, items):

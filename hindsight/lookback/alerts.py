@@ -27,6 +27,18 @@ class Alert:
         return asdict(self)
 
 
+RULES: dict = {}     # rule name -> its function: the config's `rl.alerts[].rule` names are these
+MESSAGES: dict = {}  # rule name -> what it says when it fires ({v}: the observed value, {t}: the threshold)
+
+
+def rule(message: str):
+    """Register an alert rule under its function's name, with the line it prints when it fires."""
+    def add(fn):
+        RULES[fn.__name__], MESSAGES[fn.__name__] = fn, message
+        return fn
+    return add
+
+
 def window_mean(history: list[dict], key: str, window: int) -> float | None:
     """Mean of `key` over the last `window` steps that logged it; None until there are that many."""
     values = [as_float(h[key]) for h in history if key in h][-window:]
@@ -35,21 +47,25 @@ def window_mean(history: list[dict], key: str, window: int) -> float | None:
     return sum(values) / window
 
 
+@rule('entropy {v:.4g} < {t:g} (collapse)')
 def entropy_low(history, threshold, window):
     v = window_mean(history, "entropy", window)
     return v if v is not None and v < threshold else None
 
 
+@rule('reward std {v:.4g} < {t:g} (no signal)')
 def reward_std_low(history, threshold, window):
     v = window_mean(history, "reward/std", window)
     return v if v is not None and v < threshold else None
 
 
+@rule('KL {v:.4g} > {t:g}')
 def kl_high(history, threshold, window):
     v = window_mean(history, "kl", window)
     return v if v is not None and v > threshold else None
 
 
+@rule('loss or grad norm is {v}')
 def nonfinite_loss(history, threshold, window):
     """A NaN or Inf loss or grad norm at the newest step: the update has already gone bad."""
     last = history[-1] if history else {}
@@ -68,16 +84,19 @@ def _length_ratio(history, window) -> float | None:
     return now / first
 
 
+@rule("response length at {v:.2f}x the first step's (< {t:g}x)")
 def length_collapse(history, threshold, window):
     v = _length_ratio(history, window)
     return v if v is not None and v < threshold else None
 
 
+@rule("response length at {v:.2f}x the first step's (> {t:g}x)")
 def length_explode(history, threshold, window):
     v = _length_ratio(history, window)
     return v if v is not None and v > threshold else None
 
 
+@rule('reward rose while eval/accuracy fell by {v:.3f} (> {t:g})')
 def reward_hacking(history, threshold, window):
     """Training reward went up while held-out accuracy went down by more than `threshold`.
 
@@ -103,15 +122,6 @@ def _reward_at(history, step: int, span: int = 3) -> float | None:
     return sum(before) / len(before) if before else None
 
 
-RULES = {f.__name__: f for f in (entropy_low, reward_std_low, kl_high, nonfinite_loss, length_collapse,
-                                 length_explode, reward_hacking)}
-_WHAT = {"entropy_low": "entropy {v:.4g} < {t:g} (collapse)", "reward_std_low": "reward std {v:.4g} < {t:g} (no signal)",
-         "kl_high": "KL {v:.4g} > {t:g}", "nonfinite_loss": "loss or grad norm is {v}",
-         "length_collapse": "response length at {v:.2f}x the first step's (< {t:g}x)",
-         "length_explode": "response length at {v:.2f}x the first step's (> {t:g}x)",
-         "reward_hacking": "reward rose while eval/accuracy fell by {v:.3f} (> {t:g})"}
-
-
 class AlertMonitor:
     def __init__(self, rules: list, history: list[dict] | None = None):
         self.rules = list(rules)
@@ -131,7 +141,7 @@ class AlertMonitor:
                 self._active.discard(i)
                 continue
             if i not in self._active:
-                msg = f"step {step}: {r.rule}: " + _WHAT[r.rule].format(v=value, t=r.threshold) + f" -> {r.action}"
+                msg = f"step {step}: {r.rule}: " + MESSAGES[r.rule].format(v=value, t=r.threshold) + f" -> {r.action}"
                 fired.append(Alert(step, r.rule, float(value), r.threshold, r.action, msg, r.factor))
             self._active.add(i)
         return fired

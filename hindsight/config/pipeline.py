@@ -1,0 +1,74 @@
+"""The whole config: every section, run-wide settings (tracking, resources, retries), and
+`load_config(path, overrides)`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationError, model_validator
+
+from hindsight.learning.algorithms import get_algorithm
+from hindsight.errors import ConfigError
+from hindsight.config.yamlfile import describe_errors, read_yaml_mapping
+from hindsight.config.base import Strict
+from hindsight.config.data import DataConfig, EvalConfig, ModelConfig
+from hindsight.config.rl import RLConfig
+from hindsight.config.stages import NegativeFTConfig, RewardModelConfig, SFTConfig
+
+
+class TrackingConfig(Strict):
+    experiment: str = "hindsight"
+    tracking_uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI, else sqlite in the cwd")
+
+
+class ResourcesConfig(Strict):
+    num_processes: int = Field(1, ge=1, description="> 1: SFT and the reward model train under `accelerate launch` "
+                                                    "with this many processes (batch_size stays the global batch)")
+    accelerate_config: str | None = Field(None, description="accelerate config file, e.g. configs/accelerate/fsdp.yaml; "
+                                                            "default: DDP")
+
+
+class RetryConfig(Strict):
+    count: int = Field(1, ge=0)
+    delay_s: float = Field(2.0, ge=0)
+
+
+class PipelineConfig(Strict):
+    name: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = 0
+    run_dir: str | None = Field(None, description="default: runs/<name>")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    negative_ft: NegativeFTConfig = Field(default_factory=NegativeFTConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+    @model_validator(mode="after")
+    def _batches_divide(self):
+        n = self.resources.num_processes
+        if n > 1 and self.rl.lora.enabled:
+            raise ValueError("resources.num_processes > 1 does not support rl.lora yet (the launched update "
+                             "saves and loads full weights)")
+        if n > 1 and get_algorithm(self.rl.algorithm).needs_critic:
+            raise ValueError(f"resources.num_processes > 1 does not support rl.algorithm {self.rl.algorithm} yet (its "
+                             f"critic trains in one process); use a critic-free algorithm, or num_processes: 1")
+        for key, batch in (("sft.batch_size", self.sft.batch_size), ("reward_model.batch_size", self.reward_model.batch_size)):
+            if batch % n:
+                raise ValueError(f"{key} {batch} does not divide over resources.num_processes {n}")
+        return self
+
+    @property
+    def root(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.name}")
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    raw, text = read_yaml_mapping(path, overrides)
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(describe_errors(exc, Path(path), text)) from None
