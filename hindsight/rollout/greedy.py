@@ -40,7 +40,3 @@ def generate(model, tok, prompts: list[str], group_size: int, max_new_tokens: in
     logp, _ = token_logprobs(model, out, full_mask, completion_ids.size(1), temperature)
     model.train(was_training)
     return Experience(prompt_ids, prompt_mask, completion_ids, mask, logp.cpu() * mask, group_size)
-
-
-def decode_completions(tok, exp: Experience) -> list[str]:
-    return tok.batch_decode(exp.completion_ids, skip_special_tokens=True)

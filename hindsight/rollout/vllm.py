@@ -83,7 +83,11 @@ def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[
 
 
 def _in_process_model(llm):
-    """The engine's torch model when it runs in this process (vLLM's V0 layout or in-process V1)."""
+    """The engine's torch model when it runs in this process (vLLM's V0 layout or in-process V1).
+
+    vLLM has no public call for this: the attribute walk below is the one place hindsight reads its
+    private layout, and it returns None (then `collective_rpc`, the public call, is used) when a
+    version moves these attributes. With vLLM's default engine in its own process it is None."""
     executor = getattr(llm.llm_engine, "model_executor", None)
     worker = getattr(executor, "driver_worker", None)
     worker = getattr(worker, "worker", worker)

@@ -85,15 +85,6 @@ class Ledger:
     def in_state(self, step: int, state: str) -> list[int]:
         return sorted(g for g, e in self.read(step).items() if e.state == state)
 
-    def expired(self, step: int, now: float | None = None) -> dict[str, list[int]]:
-        """Leases past their expiry, by worker."""
-        now = time.time() if now is None else now
-        out: dict[str, list[int]] = {}
-        for g, e in self.read(step).items():
-            if e.state == "leased" and e.expiry is not None and e.expiry < now:
-                out.setdefault(e.worker, []).append(g)
-        return out
-
     def take_back(self, step: int, worker: str | None = None) -> list[int]:
         """Every lease of `worker` (of anyone, for None) back to pending; returns the groups."""
         groups = [g for g, e in self.read(step).items() if e.state == "leased" and (worker is None or e.worker == worker)]
@@ -117,7 +108,3 @@ class Ledger:
                 trained = self.in_state(s, "trained")
                 if trained:
                     self.move(s, trained, "scored")
-
-    def summary(self, step: int) -> dict[str, int]:
-        entries = self.read(step).values()
-        return {state: sum(e.state == state for e in entries) for state in STATES}

@@ -157,10 +157,6 @@ class RolloutStore:
             raise FileNotFoundError(self.part_path(component, step, group))
         return [r for r in self._read(path) if r["group"] == group]
 
-    def group_rows(self, component: str, step: int, group: int) -> list[dict]:
-        """One group's rows: from its part while the step's shard is being built, else from the shard."""
-        return self.groups_rows(component, step, [group])[group]
-
     def groups_rows(self, component: str, step: int, groups: list[int]) -> dict[int, list[dict]]:
         """Several groups' rows, each file read once: the parts that hold them, else the step's shard."""
         files = self._files_of(component, step, groups)

@@ -104,7 +104,7 @@ def test_a_batch_split_by_an_earlier_run_is_sampled_whole_again(init, tmp_path):
     clean = RLRun(_cfg(work, tmp_path / "clean", rollout=rollout), path, None)
     clean.rollout(0)
     run = RLRun(_cfg(work, tmp_path / "split", rollout=rollout), path, None)
-    run.store.write_part("rollouts", 0, 2, clean.store.group_rows("rollouts", 0, 2))
+    run.store.write_part("rollouts", 0, 2, clean.store.groups_rows("rollouts", 0, [2])[2])
     run.rollout(0)
     assert run.store.read("rollouts", 0) == clean.store.read("rollouts", 0)
     assert run.ledger.read(0)[2].leases == 0  # sealed from its part, never leased

@@ -1,5 +1,6 @@
-"""The group ledger: legal transitions only, leases taken back from a dead worker or on
-expiry, no group trained twice, and a resume rolling back what the kept weights lack."""
+"""The group ledger: legal transitions only, leases taken back from a dead worker (the Ray pool
+times out a lease past rl.workers.lease_ttl_s), no group trained twice, and a resume rolling
+back what the kept weights lack."""
 import pytest
 
 from hindsight.errors import CheckpointError
@@ -11,7 +12,7 @@ def test_a_group_moves_through_every_state_once(tmp_path):
     ledger.open(0, [0, 1])
     ledger.move(0, [0, 1], "leased", worker="w1", ttl_s=60)
     ledger.move(0, [0], "sealed")
-    assert ledger.summary(0) == {"pending": 0, "leased": 1, "sealed": 1, "scored": 0, "trained": 0}
+    assert (ledger.in_state(0, "leased"), ledger.in_state(0, "sealed")) == ([1], [0])
     ledger.move(0, [1], "sealed")
     ledger.move(0, [0, 1], "scored")
     ledger.move(0, [0, 1], "trained")
@@ -32,15 +33,6 @@ def test_a_dead_workers_leases_go_back_to_pending_and_are_issued_again(tmp_path)
     assert ledger.in_state(3, "pending") == [1]
     ledger.move(3, [1], "leased", worker="c", ttl_s=60)
     assert ledger.read(3)[1].leases == 2 and ledger.read(3)[1].worker == "c"
-
-
-def test_expired_leases_are_found_by_worker(tmp_path):
-    ledger = Ledger(tmp_path)
-    ledger.open(0, [0, 1, 2])
-    ledger.move(0, [0, 1], "leased", worker="slow", ttl_s=10)
-    ledger.move(0, [2], "leased", worker="fast", ttl_s=1000)
-    now = ledger.read(0)[0].expiry + 1
-    assert ledger.expired(0, now) == {"slow": [0, 1]}
 
 
 def test_resume_rolls_back_groups_trained_after_the_checkpoint(tmp_path):
