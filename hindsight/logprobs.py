@@ -17,7 +17,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
-                   temperature: float = 1.0, with_entropy: bool = False):
+                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
     """Log-prob of each completion token given everything before it.
 
     input_ids, attention_mask: (B, P+T). Returns logp (B, T) and, if asked, entropy (B, T).
@@ -28,14 +28,28 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids(attention_mask), use_cache=False)
-    logits = out.logits[:, -n_completion - 1:-1, :].float() / temperature  # (B, T, V)
-    targets = input_ids[:, -n_completion:]                                  # (B, T)
-    logsm = torch.log_softmax(logits, dim=-1)                               # (B, T, V)
-    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)              # (B, T)
+    return _from_logits(out.logits[:, -n_completion - 1:-1, :], input_ids[:, -n_completion:], temperature,
+                        with_entropy, entropy_grad)
+
+
+def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                 entropy_grad: bool):
+    """logits (B, T, V), targets (B, T) -> logp (B, T) and entropy (B, T) or None. Without
+    `entropy_grad` the entropy is a statistic: computed outside the graph, so it keeps no
+    (B, T, V) tensor alive for the backward."""
+    logsm = torch.log_softmax(at_least_fp32(logits) / temperature, dim=-1)                   # (B, T, V)
+    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                               # (B, T)
     if not with_entropy:
         return logp, None
-    entropy = -(logsm.exp() * logsm).sum(-1)                                # (B, T)
-    return logp, entropy
+    if not entropy_grad:
+        with torch.no_grad():
+            return logp, -(logsm.exp() * logsm).sum(-1)                                      # (B, T)
+    return logp, -(logsm.exp() * logsm).sum(-1)                                              # (B, T)
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 / fp16 logits up to fp32 for the softmax; fp32 and fp64 as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def cache_kwargs(model, cache) -> dict:
@@ -74,17 +88,20 @@ def shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_comp
 
 
 def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
-                         group_size: int, temperature: float = 1.0, with_entropy: bool = False):
+                         group_size: int, temperature: float = 1.0, with_entropy: bool = False,
+                         entropy_grad: bool = True):
     """`token_logprobs`, with each group's shared prompt run once: its keys and values are
     copied to the group's G rows and only the completions run per row. The same maths as one
     forward over (prompt + completion) per row (gradients flow through the copied cache to the
     prompt), at about P/G + T tokens per row instead of P + T. Rows that do not share their
-    prompts in groups take the plain path."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or \
+    prompts in groups take the plain path, and so does a model training under activation
+    checkpointing: transformers turns the KV cache off there, and the copied cache is what
+    this path runs on."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or checkpointing(model) or \
             not shares_prompts(input_ids, attention_mask, n_completion, group_size):
         # DDP reduces gradients once per forward: two forwards before one backward would break
         # its bookkeeping (and deadlock ranks whose shares take different paths)
-        return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy)
+        return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy, entropy_grad)
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     p = input_ids.size(1) - n_completion
@@ -99,13 +116,13 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
         rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, p:-1],
                      **cache_kwargs(model, cache)).logits                                     # (B, T-1, V)
         logits = torch.cat([first, rest], dim=1)                                              # (B, T, V)
-    logits = logits.float() / temperature                                                     # (B, T, V)
-    targets = input_ids[:, p:]                                                                # (B, T)
-    logsm = torch.log_softmax(logits, dim=-1)                                                 # (B, T, V)
-    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                                # (B, T)
-    if not with_entropy:
-        return logp, None
-    return logp, -(logsm.exp() * logsm).sum(-1)                                               # (B, T)
+    return _from_logits(logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
+
+
+def checkpointing(model) -> bool:
+    """Whether the model recomputes activations in its backward (and so runs without a KV cache)."""
+    inner = _innermost(model)
+    return bool(model.training and getattr(inner, "is_activation_checkpointing", False))
 
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

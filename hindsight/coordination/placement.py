@@ -20,7 +20,7 @@ from hindsight.errors import ConfigError
 from hindsight.state.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
 from hindsight.coordination.roles import deal
-from hindsight.learning.group import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend, share_of
+from hindsight.learning.group import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.scoring.scorer import Scorer, score_batch
 
@@ -272,14 +272,13 @@ class LearnerGroup:
     def update(self, exp, groups: list[int], learner) -> dict:
         """Every rank trains on its share of a batch whose advantages (and the critic's values and
         returns) rank 0 computed whole (`learner.train`); returns rank 0's metrics."""
-        from hindsight.learning.update import update
+        from hindsight.learning.update import Share, update
 
         exp.meta["groups"] = groups
         lr = learner.optimizer.param_groups[0]["lr"]
         calls = [p.update.remote(vars(exp), lr) for p in self.peers]
-        index, share = share_of(exp, 0, self.world, learner.settings.loss.loss_agg)
-        metrics = update(learner.policy, learner.optimizer, exp.rows(index), learner.settings, learner.critic,
-                         learner.critic_optimizer, share=share)
+        metrics = update(learner.policy, learner.optimizer, exp, learner.settings, learner.critic,
+                         learner.critic_optimizer, share=Share(rank=0, world=self.world))
         self.ray.get(calls)
         return metrics
 

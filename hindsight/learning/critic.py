@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from hindsight.logprobs import position_ids
+from hindsight.logprobs import at_least_fp32, position_ids
 
 
 def _head(model):
@@ -30,4 +30,4 @@ def token_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (B, L, H)
     states = hidden[:, -n_completion - 1:-1, :]                                                     # (B, T, H)
-    return _head(critic)(states).squeeze(-1).float()                                                # (B, T)
+    return at_least_fp32(_head(critic)(states).squeeze(-1))                                         # (B, T)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from hindsight.errors import StageError
+from hindsight.learning.batching import padded_share
 from hindsight.state.fsutil import append_line, atomic_write_json
 
 TRAINERS = {"sft": "hindsight.learning.trainers:train_sft", "reward-model": "hindsight.learning.trainers:train_reward_model",
@@ -69,21 +70,6 @@ def run_trainer(stage: str, kwargs: dict, num_processes: int = 1, accelerate_con
             row = json.loads(line)
             log(row["metrics"], row["step"])
     return json.loads((workdir / "result.json").read_text())
-
-
-def share(group_ids: list[int], rank: int, world: int) -> list[int]:
-    """Rows of this process's share: whole groups, dealt round-robin, so every group stays on one process."""
-    groups = sorted(set(group_ids))
-    mine = set(groups[rank::world])
-    return [i for i, g in enumerate(group_ids) if g in mine]
-
-
-def padded_share(group_ids: list[int], rank: int, world: int) -> tuple[list[int], float | None]:
-    """This process's rows, and a loss scale override. A process with no group (fewer groups kept
-    than processes) still runs forward and backward on one row at weight 0: DDP all-reduces
-    gradients in every backward, and a process that skipped it would hang the others."""
-    index = share(group_ids, rank, world)
-    return (index, None) if index else ([0], 0.0)
 
 
 def share_scale(exp, index: list[int], agg: str, world: int) -> float:
