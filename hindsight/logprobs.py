@@ -1,9 +1,21 @@
 """Per-token log-probabilities and entropies of completions under a causal LM."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import lru_cache
 
 import torch
+
+from hindsight.experience import Experience, lengths, micro_batches, trimmed
+
+
+def compute_autocast(model):
+    """bf16 compute on float32 master weights: autocast when the builder gave the model a lower
+    compute dtype (`model.dtype: bfloat16`), else nothing. Frozen models loaded in bf16 need none."""
+    dtype = getattr(model, "compute_dtype", None) or getattr(getattr(model, "module", None), "compute_dtype", None)
+    if dtype in (None, torch.float32, torch.float64):
+        return nullcontext()
+    return torch.autocast(model_device(model).type, dtype=dtype)
 
 
 def model_device(model) -> torch.device:
@@ -26,8 +38,9 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False)
+    with compute_autocast(model):
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids(attention_mask), use_cache=False)
     return _from_logits(out.logits[:, -n_completion - 1:-1, :], input_ids[:, -n_completion:], temperature,
                         with_entropy, entropy_grad)
 
@@ -106,16 +119,17 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     p = input_ids.size(1) - n_completion
     prompt, pmask = input_ids[::group_size, :p], attention_mask[::group_size, :p]            # (B/G, P)
-    out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True)
-    cache = output_cache(out)
-    cache.batch_repeat_interleave(group_size)                                                 # (B, ...) per layer
-    first = out.logits[:, -1:].repeat_interleave(group_size, 0)                               # (B, 1, V)
-    logits = first                                                                            # (B, 1, V)
-    if n_completion > 1:  # the completions but their last token, after the copied prompt cache
-        pos = position_ids(attention_mask)                                                    # (B, P+T)
-        rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, p:-1],
-                     **cache_kwargs(model, cache)).logits                                     # (B, T-1, V)
-        logits = torch.cat([first, rest], dim=1)                                              # (B, T, V)
+    with compute_autocast(model):
+        out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True)
+        cache = output_cache(out)
+        cache.batch_repeat_interleave(group_size)                                             # (B, ...) per layer
+        first = out.logits[:, -1:].repeat_interleave(group_size, 0)                           # (B, 1, V)
+        logits = first                                                                        # (B, 1, V)
+        if n_completion > 1:  # the completions but their last token, after the copied prompt cache
+            pos = position_ids(attention_mask)                                                # (B, P+T)
+            rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
+                         position_ids=pos[:, p:-1], **cache_kwargs(model, cache)).logits      # (B, T-1, V)
+            logits = torch.cat([first, rest], dim=1)                                          # (B, T, V)
     return _from_logits(logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
 
 
@@ -123,6 +137,29 @@ def checkpointing(model) -> bool:
     """Whether the model recomputes activations in its backward (and so runs without a KV cache)."""
     inner = _innermost(model)
     return bool(model.training and getattr(inner, "is_activation_checkpointing", False))
+
+
+@torch.no_grad()
+def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | None) -> torch.Tensor:
+    """(B, T) `group_token_logprobs` of a batch without a graph, a micro-batch of at most
+    `budget` padded tokens at a time (the behaviour and reference forwards of `rl.micro_batch_tokens`)."""
+    out = torch.zeros(exp.completion_mask.shape, dtype=torch.float32)                          # (B, T)
+    for rows in micro_batches(*lengths(exp), exp.group_size, budget):
+        part = trimmed(exp, rows)
+        logp, _ = group_token_logprobs(model, part.input_ids, part.attention_mask, part.completion_ids.size(1),
+                                       part.group_size, temperature)                          # (b, t)
+        out[rows, : logp.size(1)] = logp.float().cpu()
+    return out
+
+
+@torch.no_grad()
+def budgeted_scores(model, exp: Experience, budget: int | None) -> torch.Tensor:
+    """(B,) `sequence_scores` a micro-batch at a time."""
+    out = torch.zeros(len(exp), dtype=torch.float32)                                           # (B,)
+    for rows in micro_batches(*lengths(exp), exp.group_size, budget):
+        part = trimmed(exp, rows)
+        out[rows] = sequence_scores(model, part.input_ids, part.attention_mask).cpu()
+    return out
 
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -248,7 +248,7 @@ class ScorerActor:
 class LearnerGroup:
     """Learner ranks 1..P-1 as Ray actors; this process is rank 0 (see `hindsight.learning.group`)."""
 
-    def __init__(self, world: int, rl, paths: dict, dtype: str, pad_id: int, seed: int, policy, critic):
+    def __init__(self, world: int, rl, paths: dict, model_cfg, pad_id: int, seed: int, policy, critic):
         import socket
 
         import torch.distributed as dist
@@ -261,7 +261,7 @@ class LearnerGroup:
         res = rl.workers.of("learner")
         peer = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
-        self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
+        self.peers = [peer.remote(r, world, init, rl, paths["policy"], model_cfg, paths.get("optimizer"), paths.get("critic"),
                                   paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]
         dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world,
                                 timeout=group_timeout(rl))

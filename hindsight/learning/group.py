@@ -43,7 +43,7 @@ def broadcast_from_rank0(*models) -> None:
 class LearnerPeer:
     """Learner rank > 0: built from files in its own process, then trained in step with rank 0."""
 
-    def __init__(self, rank: int, world: int, init_method: str, rl, policy_path: str, dtype: str,
+    def __init__(self, rank: int, world: int, init_method: str, rl, policy_path: str, model_cfg,
                  optimizer_file: str | None, critic_path: str | None, critic_optimizer_file: str | None,
                  pad_id: int, seed: int):
         import torch.distributed as dist
@@ -53,11 +53,11 @@ class LearnerPeer:
         dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
                                 timeout=group_timeout(rl))
         self.rank, self.world, self.settings, self.steps = rank, world, learner_settings(rl), 0
-        self.policy = build_policy(policy_path, dtype, rl)
+        self.policy = build_policy(policy_path, model_cfg, rl)
         self.optimizer = build_optimizer(self.policy, rl.lr, optimizer_file)
         self.critic = self.critic_optimizer = None
         if critic_path is not None:
-            self.critic = build_critic(critic_path, dtype, rl, pad_id, seed)
+            self.critic = build_critic(critic_path, model_cfg, rl, pad_id, seed)
             self.critic_optimizer = build_optimizer(self.critic, self.settings.algorithm_settings.critic_lr,
                                                     critic_optimizer_file)
         broadcast_from_rank0(self.policy, self.critic)

@@ -82,14 +82,14 @@ def share_scale(exp, index: list[int], agg: str, world: int) -> float:
     return world * local / max(total, 1.0)
 
 
-def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, dtype: str, out_dir: str) -> dict:
+def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, model: dict, out_dir: str) -> dict:
     """One RL update, run in every process of an `accelerate launch`: each takes its share of the
     batch (advantages already computed on the whole), DDP sums the gradients, rank 0 saves."""
     import torch
     from accelerate import PartialState
     from torch.nn.parallel import DistributedDataParallel
 
-    from hindsight.config import RLConfig
+    from hindsight.config import ModelConfig, RLConfig
     from hindsight.experience import Experience
     from hindsight.learning.build import build_optimizer, build_policy
     from hindsight.learning.update import learner_settings, update
@@ -97,16 +97,16 @@ def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, d
     state = PartialState(cpu=not torch.cuda.is_available())
     rl_cfg = RLConfig.model_validate(rl)
     s = learner_settings(rl_cfg)
-    model = build_policy(policy_dir, dtype, rl_cfg)
-    optimizer = build_optimizer(model, rl_cfg.lr, optimizer_file)
+    policy = build_policy(policy_dir, ModelConfig.model_validate(model), rl_cfg)
+    optimizer = build_optimizer(policy, rl_cfg.lr, optimizer_file)
     exp = Experience(**torch.load(batch_file, weights_only=True))
     index, override = padded_share(exp.meta["groups"], state.process_index, state.num_processes)
     scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes) if override is None else override
-    ddp = DistributedDataParallel(model, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
+    ddp = DistributedDataParallel(policy, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
     metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
     state.wait_for_everyone()
     if state.is_main_process:
-        model.save_pretrained(out_dir, safe_serialization=True)
+        policy.save_pretrained(out_dir, safe_serialization=True)
         torch.save(optimizer.state_dict(), Path(out_dir) / "optimizer.pt")
     return metrics
 

@@ -15,9 +15,9 @@ import torch
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.algorithms.base import AdvantageInputs, AlgorithmSettings
 from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss, tis_weights, value_loss
-from hindsight.learning.batching import Totals, lengths, micro_batches, mini_batches, padded_share, padding_fraction, trimmed
+from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
 from hindsight.learning.critic import token_values
-from hindsight.experience import Experience
+from hindsight.experience import Experience, lengths, micro_batches, trimmed
 from hindsight.logprobs import group_token_logprobs, model_device
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hindsight.learning.algorithms.ppo import PPOSettings
-from hindsight.learning.batching import Totals, micro_batches, mini_batches, trimmed
+from hindsight.experience import micro_batches, trimmed
+from hindsight.learning.batching import Totals, mini_batches
 from hindsight.learning.update import LearnerSettings, update
 from hindsight.learning.algorithms.losses import LossSettings, aggregate
 from hindsight.models.load import load_causal_lm, load_reward_model, load_tokenizer
