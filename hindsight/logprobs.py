@@ -39,10 +39,23 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     with compute_autocast(model):
-        out = model(input_ids=input_ids, attention_mask=attention_mask,
-                    position_ids=position_ids(attention_mask), use_cache=False)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                    use_cache=False, **keep_logits(model, n_completion + 1))
     return _from_logits(out.logits[:, -n_completion - 1:-1, :], input_ids[:, -n_completion:], temperature,
                         with_entropy, entropy_grad)
+
+
+def keep_logits(model, n: int) -> dict:
+    """Only the last `n` positions' logits (transformers' `logits_to_keep`, as TRL asks for): the
+    prompt's are never read, and (B, L, V) is the largest tensor of the forward."""
+    return {"logits_to_keep": n} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
+
+
+@lru_cache(maxsize=None)
+def _forward_parameters(model_type: type) -> frozenset:
+    import inspect
+
+    return frozenset(inspect.signature(model_type.forward).parameters)
 
 
 def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
@@ -50,7 +63,10 @@ def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     """logits (B, T, V), targets (B, T) -> logp (B, T) and entropy (B, T) or None. Without
     `entropy_grad` the entropy is a statistic: computed outside the graph, so it keeps no
     (B, T, V) tensor alive for the backward."""
-    logsm = torch.log_softmax(at_least_fp32(logits) / temperature, dim=-1)                   # (B, T, V)
+    logits = at_least_fp32(logits)
+    if temperature != 1.0:  # a (B, T, V) copy only when it changes something
+        logits = logits / temperature
+    logsm = torch.log_softmax(logits, dim=-1)                                                # (B, T, V)
     logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                               # (B, T)
     if not with_entropy:
         return logp, None
@@ -78,11 +94,8 @@ def _innermost(model):
     return get_base() if callable(get_base) else model
 
 
-@lru_cache(maxsize=None)
 def _cache_keyword(model_type: type) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(model_type) else "past_key_values"
 
 
 def output_cache(out):
@@ -120,7 +133,8 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     p = input_ids.size(1) - n_completion
     prompt, pmask = input_ids[::group_size, :p], attention_mask[::group_size, :p]            # (B/G, P)
     with compute_autocast(model):
-        out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True)
+        out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True,
+                    **keep_logits(model, 1))
         cache = output_cache(out)
         cache.batch_repeat_interleave(group_size)                                             # (B, ...) per layer
         first = out.logits[:, -1:].repeat_interleave(group_size, 0)                           # (B, 1, V)

@@ -125,7 +125,7 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
     # a 2-way all-reduce flips the sign of a few near-zero gradients (|g| ~1e-7) and Adam's
     # normalised step makes that lr-sized on those weights, which shifts step 2 a little
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a), max_diff(a, b)
-    assert two.optimizer.state_dict()["state"][0]["step"] == 2  # the optimizer state came back too
+    assert two.learner.optimizer.state_dict()["state"][0]["step"] == 2  # the optimizer state came back too
     assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)  # clipped on the all-reduced gradient
 
 
