@@ -14,7 +14,8 @@ def sft_story(ctx: StageContext) -> StageOutput:
     out_dir = cfg.root / "sft" / "model"
     metrics = train(ctx, "sft", model_path=ctx.inputs["model.base"], data_path=cfg.data.sft, out_dir=out_dir, lr=s.lr,
                     epochs=s.epochs, batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
-                    max_steps=s.max_steps, columns=cfg.data.columns or None)
+                    max_steps=s.max_steps, columns=cfg.data.columns or None,
+                    gradient_checkpointing=cfg.model.gradient_checkpointing)
     metrics["eval/accuracy"] = evaluate_path(cfg, str(out_dir))
     ctx.log(metrics, 0)
     return StageOutput(model_dir=out_dir, eval_accuracy=metrics["eval/accuracy"])

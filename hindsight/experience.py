@@ -1,4 +1,5 @@
-"""The typed batch that flows from rollout through score to update (after OpenRLHF's Experience).
+"""The typed batch that flows from rollout through score to update (after OpenRLHF's Experience),
+and how a batch is cut into micro-batches within a token budget.
 
 Layout follows TRL: prompts left-padded, completions right-padded, so one concatenation
 gives the model input and the completion tokens sit at a fixed offset.
@@ -100,3 +101,54 @@ def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:
     return [{"step": step, "index": r["index"], "advantage": float(adv[j]),
              "token_advantages": per_token[j, : len(r["completion_ids"])].tolist() if per_token is not None else None}
             for j, r in enumerate(rows)]
+
+
+def lengths(exp: Experience) -> tuple[list[int], list[int]]:
+    """Real prompt and completion tokens of each row."""
+    return exp.prompt_mask.sum(-1).tolist(), exp.completion_mask.sum(-1).tolist()
+
+
+def micro_batches(prompt_len: list[int], completion_len: list[int], group_size: int,
+                  budget: int | None) -> list[list[int]]:
+    """Row indices of each micro-batch: within `budget` padded tokens (rows x (widest prompt +
+    widest completion)), longest first. Whole groups are kept together when a group fits, so the
+    shared-prompt forward still applies; a group larger than the budget is cut into rows, and a
+    row larger than the budget is a micro-batch of its own. None: one micro-batch."""
+    n = len(prompt_len)
+    if not budget:
+        return [list(range(n))]
+    groups = [list(range(g, min(g + group_size, n))) for g in range(0, n, group_size)]
+    units = []
+    for g in groups:
+        if len(g) * (max(prompt_len[i] for i in g) + max(completion_len[i] for i in g)) <= budget:
+            units.append(g)
+        else:
+            units.extend([i] for i in g)
+    units.sort(key=lambda u: -max(prompt_len[i] + completion_len[i] for i in u))  # stable: ties keep their order
+    out, rows, p_w, c_w = [], [], 0, 0
+    for unit in units:
+        up, uc = max(prompt_len[i] for i in unit), max(completion_len[i] for i in unit)
+        if rows and (len(rows) + len(unit)) * (max(p_w, up) + max(c_w, uc)) > budget:
+            out.append(rows)
+            rows, p_w, c_w = [], 0, 0
+        rows, p_w, c_w = rows + unit, max(p_w, up), max(c_w, uc)
+    if rows:
+        out.append(rows)
+    return out
+
+
+def trimmed(exp: Experience, rows: list[int]) -> Experience:
+    """The rows as a batch of their own, without the padding columns none of them uses: left
+    padding of the prompts (positions come from the mask, so nothing moves) and right padding of
+    the completions."""
+    part = exp.rows(rows)
+    p = int(part.prompt_mask.sum(-1).max())
+    t = max(int(part.completion_mask.sum(-1).max()), 1)
+    out = {}
+    for k, v in vars(part).items():
+        if k in ("prompt_ids", "prompt_mask"):
+            v = v[:, v.size(1) - p:]                                          # (b, p)
+        elif isinstance(v, torch.Tensor) and v.dim() == 2:
+            v = v[:, :t]                                                      # (b, t): every token-level field
+        out[k] = v
+    return Experience(**out)

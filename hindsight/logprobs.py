@@ -1,9 +1,21 @@
 """Per-token log-probabilities and entropies of completions under a causal LM."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import lru_cache
 
 import torch
+
+from hindsight.experience import Experience, lengths, micro_batches, trimmed
+
+
+def compute_autocast(model):
+    """bf16 compute on float32 master weights: autocast when the builder gave the model a lower
+    compute dtype (`model.dtype: bfloat16`), else nothing. Frozen models loaded in bf16 need none."""
+    dtype = getattr(model, "compute_dtype", None) or getattr(getattr(model, "module", None), "compute_dtype", None)
+    if dtype in (None, torch.float32, torch.float64):
+        return nullcontext()
+    return torch.autocast(model_device(model).type, dtype=dtype)
 
 
 def model_device(model) -> torch.device:
@@ -17,7 +29,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
-                   temperature: float = 1.0, with_entropy: bool = False):
+                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
     """Log-prob of each completion token given everything before it.
 
     input_ids, attention_mask: (B, P+T). Returns logp (B, T) and, if asked, entropy (B, T).
@@ -26,16 +38,47 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False)
-    logits = out.logits[:, -n_completion - 1:-1, :].float() / temperature  # (B, T, V)
-    targets = input_ids[:, -n_completion:]                                  # (B, T)
-    logsm = torch.log_softmax(logits, dim=-1)                               # (B, T, V)
-    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)              # (B, T)
+    with compute_autocast(model):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                    use_cache=False, **keep_logits(model, n_completion + 1))
+    return _from_logits(out.logits[:, -n_completion - 1:-1, :], input_ids[:, -n_completion:], temperature,
+                        with_entropy, entropy_grad)
+
+
+def keep_logits(model, n: int) -> dict:
+    """Only the last `n` positions' logits (transformers' `logits_to_keep`, as TRL asks for): the
+    prompt's are never read, and (B, L, V) is the largest tensor of the forward."""
+    return {"logits_to_keep": n} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
+
+
+@lru_cache(maxsize=None)
+def _forward_parameters(model_type: type) -> frozenset:
+    import inspect
+
+    return frozenset(inspect.signature(model_type.forward).parameters)
+
+
+def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                 entropy_grad: bool):
+    """logits (B, T, V), targets (B, T) -> logp (B, T) and entropy (B, T) or None. Without
+    `entropy_grad` the entropy is a statistic: computed outside the graph, so it keeps no
+    (B, T, V) tensor alive for the backward."""
+    logits = at_least_fp32(logits)
+    if temperature != 1.0:  # a (B, T, V) copy only when it changes something
+        logits = logits / temperature
+    logsm = torch.log_softmax(logits, dim=-1)                                                # (B, T, V)
+    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                               # (B, T)
     if not with_entropy:
         return logp, None
-    entropy = -(logsm.exp() * logsm).sum(-1)                                # (B, T)
-    return logp, entropy
+    if not entropy_grad:
+        with torch.no_grad():
+            return logp, -(logsm.exp() * logsm).sum(-1)                                      # (B, T)
+    return logp, -(logsm.exp() * logsm).sum(-1)                                              # (B, T)
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 / fp16 logits up to fp32 for the softmax; fp32 and fp64 as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def cache_kwargs(model, cache) -> dict:
@@ -51,11 +94,8 @@ def _innermost(model):
     return get_base() if callable(get_base) else model
 
 
-@lru_cache(maxsize=None)
 def _cache_keyword(model_type: type) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(model_type) else "past_key_values"
 
 
 def output_cache(out):
@@ -74,38 +114,66 @@ def shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_comp
 
 
 def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
-                         group_size: int, temperature: float = 1.0, with_entropy: bool = False):
+                         group_size: int, temperature: float = 1.0, with_entropy: bool = False,
+                         entropy_grad: bool = True):
     """`token_logprobs`, with each group's shared prompt run once: its keys and values are
     copied to the group's G rows and only the completions run per row. The same maths as one
     forward over (prompt + completion) per row (gradients flow through the copied cache to the
     prompt), at about P/G + T tokens per row instead of P + T. Rows that do not share their
-    prompts in groups take the plain path."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or \
+    prompts in groups take the plain path, and so does a model training under activation
+    checkpointing: transformers turns the KV cache off there, and the copied cache is what
+    this path runs on."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or checkpointing(model) or \
             not shares_prompts(input_ids, attention_mask, n_completion, group_size):
         # DDP reduces gradients once per forward: two forwards before one backward would break
         # its bookkeeping (and deadlock ranks whose shares take different paths)
-        return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy)
+        return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy, entropy_grad)
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     p = input_ids.size(1) - n_completion
     prompt, pmask = input_ids[::group_size, :p], attention_mask[::group_size, :p]            # (B/G, P)
-    out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True)
-    cache = output_cache(out)
-    cache.batch_repeat_interleave(group_size)                                                 # (B, ...) per layer
-    first = out.logits[:, -1:].repeat_interleave(group_size, 0)                               # (B, 1, V)
-    logits = first                                                                            # (B, 1, V)
-    if n_completion > 1:  # the completions but their last token, after the copied prompt cache
-        pos = position_ids(attention_mask)                                                    # (B, P+T)
-        rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, p:-1],
-                     **cache_kwargs(model, cache)).logits                                     # (B, T-1, V)
-        logits = torch.cat([first, rest], dim=1)                                              # (B, T, V)
-    logits = logits.float() / temperature                                                     # (B, T, V)
-    targets = input_ids[:, p:]                                                                # (B, T)
-    logsm = torch.log_softmax(logits, dim=-1)                                                 # (B, T, V)
-    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)                                # (B, T)
-    if not with_entropy:
-        return logp, None
-    return logp, -(logsm.exp() * logsm).sum(-1)                                               # (B, T)
+    with compute_autocast(model):
+        out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True,
+                    **keep_logits(model, 1))
+        cache = output_cache(out)
+        cache.batch_repeat_interleave(group_size)                                             # (B, ...) per layer
+        first = out.logits[:, -1:].repeat_interleave(group_size, 0)                           # (B, 1, V)
+        logits = first                                                                        # (B, 1, V)
+        if n_completion > 1:  # the completions but their last token, after the copied prompt cache
+            pos = position_ids(attention_mask)                                                # (B, P+T)
+            rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
+                         position_ids=pos[:, p:-1], **cache_kwargs(model, cache)).logits      # (B, T-1, V)
+            logits = torch.cat([first, rest], dim=1)                                          # (B, T, V)
+    return _from_logits(logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
+
+
+def checkpointing(model) -> bool:
+    """Whether the model recomputes activations in its backward (and so runs without a KV cache)."""
+    inner = _innermost(model)
+    return bool(model.training and getattr(inner, "is_activation_checkpointing", False))
+
+
+@torch.no_grad()
+def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | None) -> torch.Tensor:
+    """(B, T) `group_token_logprobs` of a batch without a graph, a micro-batch of at most
+    `budget` padded tokens at a time (the behaviour and reference forwards of `rl.micro_batch_tokens`)."""
+    out = torch.zeros(exp.completion_mask.shape, dtype=torch.float32)                          # (B, T)
+    for rows in micro_batches(*lengths(exp), exp.group_size, budget):
+        part = trimmed(exp, rows)
+        logp, _ = group_token_logprobs(model, part.input_ids, part.attention_mask, part.completion_ids.size(1),
+                                       part.group_size, temperature)                          # (b, t)
+        out[rows, : logp.size(1)] = logp.float().cpu()
+    return out
+
+
+@torch.no_grad()
+def budgeted_scores(model, exp: Experience, budget: int | None) -> torch.Tensor:
+    """(B,) `sequence_scores` a micro-batch at a time."""
+    out = torch.zeros(len(exp), dtype=torch.float32)                                           # (B,)
+    for rows in micro_batches(*lengths(exp), exp.group_size, budget):
+        part = trimmed(exp, rows)
+        out[rows] = sequence_scores(model, part.input_ids, part.attention_mask).cpu()
+    return out
 
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hindsight.config.base import RewardSpec, Strict
 
@@ -23,7 +23,23 @@ class DataConfig(Strict):
 
 class ModelConfig(Strict):
     base: str = Field("tiny://demo", description="hub id, local path, or tiny://NAME for the built-in demo model")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="compute dtype. A trained model (policy, critic) keeps float32 master weights and "
+        "optimizer state and runs its forward under autocast to this dtype; a frozen one (reference, reward "
+        "model, a rollout copy) is loaded in it. No float16: training in it needs a loss scaler")
+    master_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="the trained weights' dtype; only float32 trains: see docs/fitting.md")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward (SFT, the reward "
+                                         "model and RL): less memory for about a third more compute")
+
+    @field_validator("master_dtype")
+    @classmethod
+    def _master_weights(cls, value: str) -> str:
+        if value != "float32":
+            raise ValueError(f"{value} weights under a plain AdamW lose the update (bf16 keeps 8 bits of mantissa: at "
+                             f"lr 1e-6 one step changed 2% of the weights); keep float32 master weights and set "
+                             f"model.dtype: bfloat16 for bf16 compute")
+        return value
 
 
 class LoraConfig(Strict):

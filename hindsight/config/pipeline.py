@@ -53,6 +53,10 @@ class PipelineConfig(Strict):
         if n > 1 and self.rl.lora.enabled:
             raise ValueError("resources.num_processes > 1 does not support rl.lora yet (the launched update "
                              "saves and loads full weights)")
+        if n > 1 and (self.rl.mini_batch_size or self.rl.micro_batch_tokens):
+            raise ValueError("resources.num_processes > 1 trains the RL update in one launched mini-batch: "
+                             "rl.mini_batch_size and rl.micro_batch_tokens need the learner group "
+                             "(rl.workers.learner) for several processes")
         if n > 1 and get_algorithm(self.rl.algorithm).needs_critic:
             raise ValueError(f"resources.num_processes > 1 does not support rl.algorithm {self.rl.algorithm} yet (its "
                              f"critic trains in one process); use a critic-free algorithm, or num_processes: 1")

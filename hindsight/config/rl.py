@@ -160,7 +160,15 @@ class RLConfig(Strict):
     clip_ratio_c: float | None = Field(None, gt=1, description="dual-clip (verl): cap a negative advantage's loss at "
                                                                "-A * clip_ratio_c; null turns it off")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
-    num_iterations: int = Field(1, ge=1)
+    num_iterations: int = Field(1, ge=1, description="passes over the step's mini-batches (TRL's num_iterations, "
+                                                      "verl's ppo_epochs)")
+    mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step, whole groups (verl's "
+                                        "ppo_mini_batch_size; TRL's per_device_train_batch_size x "
+                                        "gradient_accumulation_steps); null: the whole step, one optimizer step")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="padded tokens (rows x (prompt + completion)) per "
+                                           "forward and backward; gradients accumulate over a mini-batch's "
+                                           "micro-batches. Also bounds the behaviour, reference and critic forwards. "
+                                           "null: a mini-batch at once")
     max_grad_norm: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
     disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "
@@ -236,6 +244,9 @@ class RLConfig(Strict):
                              (self.workers.rollout > 1, "workers.rollout > 1")):
                 if bad:
                     raise ValueError(f"async.max_staleness >= 1 runs one sampler process; it does not combine with {why}")
+        if self.mini_batch_size and self.mini_batch_size % self.samples_per_prompt:
+            raise ValueError(f"mini_batch_size {self.mini_batch_size} must hold whole groups: a multiple of "
+                             f"samples_per_prompt {self.samples_per_prompt}")
         if self.lora.enabled and (self.async_.max_staleness or self.workers.placement == "ray"):
             # the sampler process and the Ray actors load plain weights: LoRA there is not built
             raise ValueError("lora.enabled trains the adapter in the stage's process: it does not combine with "

@@ -20,7 +20,7 @@ from hindsight.errors import ConfigError
 from hindsight.state.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
 from hindsight.coordination.roles import deal
-from hindsight.learning.group import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend, share_of
+from hindsight.learning.group import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.scoring.scorer import Scorer, score_batch
 
@@ -248,7 +248,7 @@ class ScorerActor:
 class LearnerGroup:
     """Learner ranks 1..P-1 as Ray actors; this process is rank 0 (see `hindsight.learning.group`)."""
 
-    def __init__(self, world: int, rl, paths: dict, dtype: str, pad_id: int, seed: int, policy, critic):
+    def __init__(self, world: int, rl, paths: dict, model_cfg, pad_id: int, seed: int, policy, critic):
         import socket
 
         import torch.distributed as dist
@@ -261,7 +261,7 @@ class LearnerGroup:
         res = rl.workers.of("learner")
         peer = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
-        self.peers = [peer.remote(r, world, init, rl, paths["policy"], dtype, paths.get("optimizer"), paths.get("critic"),
+        self.peers = [peer.remote(r, world, init, rl, paths["policy"], model_cfg, paths.get("optimizer"), paths.get("critic"),
                                   paths.get("critic_optimizer"), pad_id, seed) for r in range(1, world)]
         dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world,
                                 timeout=group_timeout(rl))
@@ -272,14 +272,13 @@ class LearnerGroup:
     def update(self, exp, groups: list[int], learner) -> dict:
         """Every rank trains on its share of a batch whose advantages (and the critic's values and
         returns) rank 0 computed whole (`learner.train`); returns rank 0's metrics."""
-        from hindsight.learning.update import update
+        from hindsight.learning.update import Share, update
 
         exp.meta["groups"] = groups
         lr = learner.optimizer.param_groups[0]["lr"]
         calls = [p.update.remote(vars(exp), lr) for p in self.peers]
-        index, share = share_of(exp, 0, self.world, learner.settings.loss.loss_agg)
-        metrics = update(learner.policy, learner.optimizer, exp.rows(index), learner.settings, learner.critic,
-                         learner.critic_optimizer, share=share)
+        metrics = update(learner.policy, learner.optimizer, exp, learner.settings, learner.critic,
+                         learner.critic_optimizer, share=Share(rank=0, world=self.world))
         self.ray.get(calls)
         return metrics
 

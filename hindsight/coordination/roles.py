@@ -20,5 +20,5 @@ def start_learner_group(cfg, learner, ckpt, start: int | None, pad_id: int):
         return None
     from hindsight.coordination.placement import LearnerGroup
 
-    return LearnerGroup(cfg.rl.workers.learner, cfg.rl, learner.resume_files(ckpt, start), cfg.model.dtype, pad_id,
+    return LearnerGroup(cfg.rl.workers.learner, cfg.rl, learner.resume_files(ckpt, start), cfg.model, pad_id,
                         cfg.seed, learner.policy, learner.critic)

@@ -1,7 +1,9 @@
 """One builder for what a learner trains: the policy, the critic and their optimizers.
 
 Every learner path builds through it (the stage's process, a learner-group peer, a launched
-update), so a setting such as dropout or the adapter's seed cannot differ between them.
+update), so a setting such as dropout or the adapter's seed cannot differ between them. A
+trained model keeps float32 weights, so its optimizer state is float32 too (master weights);
+with `model.dtype: bfloat16` its forwards run under autocast (`logprobs.compute_autocast`).
 """
 from __future__ import annotations
 
@@ -11,29 +13,35 @@ from hindsight.models.load import disable_dropout, load_causal_lm, load_reward_m
 from hindsight.models.lora import load_adapter, with_adapter
 
 
-def build_policy(path: str, dtype: str, rl, base: str | None = None, seed: int = 0, resume: bool = False):
+def build_policy(path: str, model_cfg, rl, base: str | None = None, seed: int = 0, resume: bool = False):
     """The model at `path`; with `rl.lora`, the model at `base` plus an adapter: the one at
     `path` on resume, else a fresh one (seeded, so it starts the same way every run)."""
     if rl.lora.enabled:
-        model = load_causal_lm(base or path, dtype)
+        model = load_causal_lm(base or path, "float32")
         torch.manual_seed(seed)
         model = load_adapter(model, path) if resume else with_adapter(model, rl.lora)
     else:
-        model = load_causal_lm(path, dtype)
-    if rl.disable_dropout:  # rollouts sample in eval mode: with dropout the ratio is not 1 before a step
-        disable_dropout(model)
-    return model
+        model = load_causal_lm(path, "float32")
+    return _for_training(model, model_cfg, rl)
 
 
-def build_critic(path: str, dtype: str, rl, pad_id: int, seed: int = 0):
+def build_critic(path: str, model_cfg, rl, pad_id: int, seed: int = 0):
     """A value model (a sequence-classification head read out at every token); a fresh head is
     seeded, so it starts the same way every run."""
     torch.manual_seed(seed)
-    critic = load_reward_model(path, dtype)
+    critic = load_reward_model(path, "float32")
     critic.config.pad_token_id = pad_id
-    if rl.disable_dropout:
-        disable_dropout(critic)
-    return critic
+    return _for_training(critic, model_cfg, rl)
+
+
+def _for_training(model, model_cfg, rl):
+    if rl.disable_dropout:  # rollouts sample in eval mode: with dropout the ratio is not 1 before a step
+        disable_dropout(model)
+    model.compute_dtype = getattr(torch, model_cfg.dtype)  # read by the forwards' autocast
+    if model_cfg.gradient_checkpointing:
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def build_optimizer(model, lr: float, state_file: str | None = None) -> torch.optim.Optimizer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from hindsight.logprobs import position_ids
+from hindsight.logprobs import at_least_fp32, compute_autocast, position_ids
 
 
 def _head(model):
@@ -27,7 +27,8 @@ def token_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     """
     input_ids, attention_mask = input_ids.to(critic.device), attention_mask.to(critic.device)
     backbone = getattr(critic, critic.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (B, L, H)
-    states = hidden[:, -n_completion - 1:-1, :]                                                     # (B, T, H)
-    return _head(critic)(states).squeeze(-1).float()                                                # (B, T)
+    with compute_autocast(critic):
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (B, L, H)
+        states = hidden[:, -n_completion - 1:-1, :]                                                 # (B, T, H)
+        return at_least_fp32(_head(critic)(states).squeeze(-1))                                     # (B, T)

@@ -4,14 +4,14 @@ Rank 0 is the stage's own process: it holds the policy that the rollout workers,
 and checkpoints use. Ranks 1..P-1 (`LearnerPeer`, Ray actors) hold identical copies: the same
 weights (broadcast from rank 0 at the start), the same optimizer state (read from the same
 checkpoint). Every step rank 0 computes the advantages, and the critic's values and returns,
-on the whole batch (`update.whole_batch_advantages`); each rank trains on its share of the groups; the gradients are summed
-over the group (`learner.Share`), so every rank takes the same step. Nothing is started per step.
+on the whole batch (`update.whole_batch_advantages`); each rank trains on its groups of each
+mini-batch, and the gradients are summed over the group (`update.Share`), so every rank takes
+the same step. Nothing is started per step.
 """
 from __future__ import annotations
 
 import torch
 
-from hindsight.learning.launch import padded_share, share_scale
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.learning.update import Share, learner_settings, update
@@ -30,15 +30,6 @@ def process_group_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def share_of(exp: Experience, rank: int, world: int, agg: str) -> tuple[list[int], Share]:
-    """This rank's rows of the batch, and how its losses join the whole batch's."""
-    index, override = padded_share(exp.meta["groups"], rank, world)
-    if override is not None:  # fewer groups than ranks: this one takes part at weight 0
-        return index, Share(policy_scale=override, critic_scale=override, world=world)
-    return index, Share(policy_scale=share_scale(exp, index, agg, world),
-                        critic_scale=share_scale(exp, index, "token_mean", world), world=world)
-
-
 def broadcast_from_rank0(*models) -> None:
     """Every rank starts from rank 0's weights (all ranks call this, in the same order)."""
     import torch.distributed as dist
@@ -52,7 +43,7 @@ def broadcast_from_rank0(*models) -> None:
 class LearnerPeer:
     """Learner rank > 0: built from files in its own process, then trained in step with rank 0."""
 
-    def __init__(self, rank: int, world: int, init_method: str, rl, policy_path: str, dtype: str,
+    def __init__(self, rank: int, world: int, init_method: str, rl, policy_path: str, model_cfg,
                  optimizer_file: str | None, critic_path: str | None, critic_optimizer_file: str | None,
                  pad_id: int, seed: int):
         import torch.distributed as dist
@@ -62,11 +53,11 @@ class LearnerPeer:
         dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
                                 timeout=group_timeout(rl))
         self.rank, self.world, self.settings, self.steps = rank, world, learner_settings(rl), 0
-        self.policy = build_policy(policy_path, dtype, rl)
+        self.policy = build_policy(policy_path, model_cfg, rl)
         self.optimizer = build_optimizer(self.policy, rl.lr, optimizer_file)
         self.critic = self.critic_optimizer = None
         if critic_path is not None:
-            self.critic = build_critic(critic_path, dtype, rl, pad_id, seed)
+            self.critic = build_critic(critic_path, model_cfg, rl, pad_id, seed)
             self.critic_optimizer = build_optimizer(self.critic, self.settings.algorithm_settings.critic_lr,
                                                     critic_optimizer_file)
         broadcast_from_rank0(self.policy, self.critic)
@@ -85,9 +76,8 @@ class LearnerPeer:
         exp = Experience(**batch)
         crash_point(f"learner{self.rank}", self.steps)
         self.steps += 1
-        index, share = share_of(exp, self.rank, self.world, self.settings.loss.loss_agg)
-        update(self.policy, self.optimizer, exp.rows(index), self.settings, self.critic, self.critic_optimizer,
-               share=share)
+        update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
+               share=Share(rank=self.rank, world=self.world))
 
     def close(self) -> None:
         import torch.distributed as dist

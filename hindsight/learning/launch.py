@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from hindsight.errors import StageError
+from hindsight.learning.batching import padded_share
 from hindsight.state.fsutil import append_line, atomic_write_json
 
 TRAINERS = {"sft": "hindsight.learning.trainers:train_sft", "reward-model": "hindsight.learning.trainers:train_reward_model",
@@ -71,21 +72,6 @@ def run_trainer(stage: str, kwargs: dict, num_processes: int = 1, accelerate_con
     return json.loads((workdir / "result.json").read_text())
 
 
-def share(group_ids: list[int], rank: int, world: int) -> list[int]:
-    """Rows of this process's share: whole groups, dealt round-robin, so every group stays on one process."""
-    groups = sorted(set(group_ids))
-    mine = set(groups[rank::world])
-    return [i for i, g in enumerate(group_ids) if g in mine]
-
-
-def padded_share(group_ids: list[int], rank: int, world: int) -> tuple[list[int], float | None]:
-    """This process's rows, and a loss scale override. A process with no group (fewer groups kept
-    than processes) still runs forward and backward on one row at weight 0: DDP all-reduces
-    gradients in every backward, and a process that skipped it would hang the others."""
-    index = share(group_ids, rank, world)
-    return (index, None) if index else ([0], 0.0)
-
-
 def share_scale(exp, index: list[int], agg: str, world: int) -> float:
     """Multiplier that makes a share's mean loss its part of the whole batch's loss after DDP
     averages gradients over `world` processes (token_mean normalises by tokens, the others by sequences)."""
@@ -96,14 +82,14 @@ def share_scale(exp, index: list[int], agg: str, world: int) -> float:
     return world * local / max(total, 1.0)
 
 
-def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, dtype: str, out_dir: str) -> dict:
+def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, model: dict, out_dir: str) -> dict:
     """One RL update, run in every process of an `accelerate launch`: each takes its share of the
     batch (advantages already computed on the whole), DDP sums the gradients, rank 0 saves."""
     import torch
     from accelerate import PartialState
     from torch.nn.parallel import DistributedDataParallel
 
-    from hindsight.config import RLConfig
+    from hindsight.config import ModelConfig, RLConfig
     from hindsight.experience import Experience
     from hindsight.learning.build import build_optimizer, build_policy
     from hindsight.learning.update import learner_settings, update
@@ -111,16 +97,16 @@ def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, d
     state = PartialState(cpu=not torch.cuda.is_available())
     rl_cfg = RLConfig.model_validate(rl)
     s = learner_settings(rl_cfg)
-    model = build_policy(policy_dir, dtype, rl_cfg)
-    optimizer = build_optimizer(model, rl_cfg.lr, optimizer_file)
+    policy = build_policy(policy_dir, ModelConfig.model_validate(model), rl_cfg)
+    optimizer = build_optimizer(policy, rl_cfg.lr, optimizer_file)
     exp = Experience(**torch.load(batch_file, weights_only=True))
     index, override = padded_share(exp.meta["groups"], state.process_index, state.num_processes)
     scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes) if override is None else override
-    ddp = DistributedDataParallel(model, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
+    ddp = DistributedDataParallel(policy, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
     metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
     state.wait_for_everyone()
     if state.is_main_process:
-        model.save_pretrained(out_dir, safe_serialization=True)
+        policy.save_pretrained(out_dir, safe_serialization=True)
         torch.save(optimizer.state_dict(), Path(out_dir) / "optimizer.pt")
     return metrics
 

@@ -15,17 +15,17 @@ from hindsight.learning.update import learner_settings, update, whole_batch_adva
 
 class Learner:
     def __init__(self, cfg, init_path: str, rm_path: str | None, ckpt, start: int | None, pad_id: int):
-        rl, dtype = cfg.rl, cfg.model.dtype
+        rl, model_cfg = cfg.rl, cfg.model
         self.rl, self.cfg, self.settings = rl, cfg, learner_settings(rl)
         self.policy_path = str(ckpt.policy_dir(start)) if start else init_path
-        self.policy = build_policy(self.policy_path, dtype, rl, base=init_path, seed=cfg.seed, resume=bool(start))
+        self.policy = build_policy(self.policy_path, model_cfg, rl, base=init_path, seed=cfg.seed, resume=bool(start))
         self.optimizer = build_optimizer(self.policy, rl.lr)
         self.critic = self.critic_optimizer = self.critic_source = None
         if self.settings.estimator.needs_critic:
             p = self.settings.algorithm_settings  # from the checkpoint on resume, else the reward model or the policy
             self.critic_source = str(ckpt.critic_dir(start)) if start else (
                 rm_path if p.critic_init == "reward_model" else init_path)
-            self.critic = build_critic(self.critic_source, dtype, rl, pad_id, cfg.seed)
+            self.critic = build_critic(self.critic_source, model_cfg, rl, pad_id, cfg.seed)
             self.critic_optimizer = build_optimizer(self.critic, p.critic_lr)
         if start:
             ckpt.load_optimizer(start, self.optimizer)
@@ -71,9 +71,9 @@ class Learner:
         res = self.cfg.resources
         metrics = run_trainer("rl-update", dict(
             policy_dir=str(work / "policy"), optimizer_file=str(work / "optimizer.pt"), batch_file=str(work / "batch.pt"),
-            rl=self.rl.model_dump(by_alias=True), dtype=self.cfg.model.dtype, out_dir=str(work / "out")),
+            rl=self.rl.model_dump(by_alias=True), model=self.cfg.model.model_dump(), out_dir=str(work / "out")),
             res.num_processes, res.accelerate_config, workdir=work)
-        self.policy = build_policy(str(work / "out"), self.cfg.model.dtype, self.rl)
+        self.policy = build_policy(str(work / "out"), self.cfg.model, self.rl)
         self.optimizer = build_optimizer(self.policy, self.rl.lr, str(work / "out" / "optimizer.pt"))
         return metrics
 

@@ -23,7 +23,7 @@ def _lora_config(lora):
 
 def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float, epochs: float,
               batch_size: int, max_length: int, seed: int, lora=None, max_steps: int = -1,
-              log=None, columns: dict | None = None) -> dict:
+              log=None, columns: dict | None = None, gradient_checkpointing: bool = False) -> dict:
     """Fine-tune on prompt/completion demonstrations; returns the final training metrics."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -39,6 +39,7 @@ def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float
         seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
         lr_scheduler_type="cosine", warmup_steps=0.05,
         completion_only_loss=True, disable_tqdm=True, **_SAME_BATCHES, **_precision(),
+        **_checkpointing(gradient_checkpointing),
     )
     trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=_lora_config(lora),
@@ -56,7 +57,8 @@ def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float
 
 def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, lr: float,
                        epochs: float, batch_size: int, max_length: int, seed: int,
-                       max_steps: int = -1, log=None, columns: dict | None = None) -> dict:
+                       max_steps: int = -1, log=None, columns: dict | None = None,
+                       gradient_checkpointing: bool = False) -> dict:
     """Pairwise (Bradley-Terry) reward model on prompt/chosen/rejected pairs."""
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
@@ -75,7 +77,7 @@ def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, 
         output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,
         max_steps=max_steps, per_device_train_batch_size=_per_device(batch_size), max_length=max_length,
         seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
-        disable_tqdm=True, **_SAME_BATCHES, **_precision(),
+        disable_tqdm=True, **_SAME_BATCHES, **_precision(), **_checkpointing(gradient_checkpointing),
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
                             callbacks=[_MetricCallback(log, "reward-model")] if log else None)
@@ -104,6 +106,12 @@ def _precision() -> dict:
     shapes round differently) and the reward model's weights drifted apart. Training on CPU is
     fp32; on a GPU TRL's default (bf16 where supported) stands."""
     return {} if _has_cuda() else {"use_cpu": True, "bf16": False}
+
+
+def _checkpointing(on: bool) -> dict:
+    """`model.gradient_checkpointing`, by transformers 5's name for it (TRL's configs turn the old
+    name on by default, which also warns); non-reentrant, as RL's learner uses it."""
+    return {"activation_checkpointing": on, "activation_checkpointing_kwargs": {"use_reentrant": False} if on else None}
 
 
 def _has_cuda() -> bool:

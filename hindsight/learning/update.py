@@ -1,9 +1,10 @@
 """One policy update over a batch of rollouts.
 
 Every algorithm is an advantage estimator (`hindsight.learning.algorithms`) plugged into the same
-clipped policy-gradient kernel: advantages first, then `num_iterations` passes of the loss
-against the behaviour log-probs stored in the rollout. An algorithm with a critic (PPO)
-also trains it on the same batch.
+clipped policy-gradient kernel: advantages first, on the whole batch, then `num_iterations`
+passes over its mini-batches (one optimizer step each) of the loss against the behaviour
+log-probs stored in the rollout, a micro-batch at a time (`batching`). An algorithm with a
+critic (PPO) also trains it on the same mini-batches.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.algorithms.base import AdvantageInputs, AlgorithmSettings
 from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss, tis_weights, value_loss
+from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
 from hindsight.learning.critic import token_values
-from hindsight.experience import Experience
+from hindsight.experience import Experience, lengths, micro_batches, trimmed
 from hindsight.logprobs import group_token_logprobs, model_device
 
 
@@ -30,6 +32,8 @@ class LearnerSettings:
     reward_kl_coef: float = 0.0               # > 0 when `kl.in: reward`
     is_correction: str = "none"               # tis: weight by the learner/engine probability ratio
     is_cap: float = 2.0
+    mini_batch_size: int | None = None       # samples per optimizer step; None: the whole step
+    micro_batch_tokens: int | None = None    # padded tokens per forward/backward; None: the whole mini-batch
 
     @property
     def estimator(self):
@@ -74,13 +78,18 @@ def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor
 
 @dataclass(frozen=True, kw_only=True)
 class Share:
-    """How one learner's share of a batch joins the whole in the learner group: each loss is
-    scaled to its part of the whole batch's loss, and after each backward the gradients are
-    summed over the group and divided by its size (what DDP does, made explicit, so the critic,
-    whose values are read past the model's forward, is synchronised the same way)."""
-    policy_scale: float = 1.0
-    critic_scale: float = 1.0
+    """This process's part of the learner group (rank 0 of 1 alone). Every rank holds the whole
+    batch and trains on its groups of each mini-batch; its losses are divided by the whole
+    mini-batch's totals, so the sum of the ranks' gradients (`sync`, one flattened all-reduce, made
+    explicit rather than DDP's so that the critic, read past the model's forward, syncs the same
+    way) is the one-process gradient exactly."""
+    rank: int = 0
     world: int = 1
+
+    def rows(self, group_ids: list[int]) -> tuple[list[int], float]:
+        """This rank's rows among a mini-batch's (given by group), and their loss weight."""
+        index, override = padded_share(group_ids, self.rank, self.world)
+        return index, 1.0 if override is None else override
 
     def sync(self, params) -> None:
         if self.world == 1:
@@ -93,11 +102,21 @@ class Share:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])                  # (N,)
         dist.all_reduce(flat)
-        flat /= self.world
         at = 0
         for p in params:
             p.grad.copy_(flat[at:at + p.numel()].view_as(p))
             at += p.numel()
+
+    def total(self, stats: dict[str, float]) -> dict[str, float]:
+        """Sums over the group (each rank's statistics are its part of the mini-batch's)."""
+        if self.world == 1:
+            return stats
+        import torch.distributed as dist
+
+        keys = sorted(stats)
+        flat = torch.tensor([stats[k] for k in keys], dtype=torch.float64)       # (K,)
+        dist.all_reduce(flat)
+        return dict(zip(keys, flat.tolist()))
 
 
 def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None) -> Experience:
@@ -107,65 +126,114 @@ def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None) -> 
     if exp.advantages is not None:
         return exp
     if s.estimator.needs_critic and exp.values is None:
-        on = exp.to(model_device(critic))
-        with torch.no_grad():
-            exp.values = token_values(critic, on.input_ids, on.attention_mask, exp.completion_mask.size(1)).cpu()  # (B, T)
+        exp.values = _values(critic, exp, s.micro_batch_tokens)                   # (B, T)
     exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
     return exp
 
 
+@torch.no_grad()
+def _values(critic, exp: Experience, budget: int | None) -> torch.Tensor:
+    """(B, T) the critic's values before the update, a micro-batch at a time."""
+    values = torch.zeros(exp.completion_mask.shape, dtype=exp.logprobs.dtype)     # (B, T)
+    for rows in micro_batches(*lengths(exp), exp.group_size, budget):
+        part = trimmed(exp, rows).to(model_device(critic))
+        v = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1))  # (b, t)
+        values[rows, : v.size(1)] = v.cpu()
+    return values
+
+
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
            loss_scale: float = 1.0, share: Share | None = None) -> dict:
-    """Train on one stored batch; returns metrics of the last pass (and every pass's ratio).
+    """Train on one stored batch: `num_iterations` passes over its mini-batches, one optimizer
+    step each, gradients accumulated over each mini-batch's micro-batches. Returns the last
+    pass's metrics (means over its mini-batches) and every pass's ratio.
 
-    The batch's advantages are computed first if they are not set (`whole_batch_advantages`);
-    a share of a batch (`exp.rows`) carries the whole batch's. `loss_scale` turns a share's loss
-    into its part of the whole batch's loss under DDP (`learning.launch.rl_update`), and `share`
-    does the same in the learner group (`hindsight.learning.group`).
+    The batch's advantages are computed first if they are not set (`whole_batch_advantages`).
+    `share` is this rank's part in the learner group; `loss_scale` scales the losses of a
+    launched process's share under DDP (`learning.launch.rl_update`, one mini-batch).
     """
-    share = share or Share(policy_scale=loss_scale)
-    exp = whole_batch_advantages(exp, s, critic).to(model_device(model))
+    share = share or Share()
+    exp = whole_batch_advantages(exp, s, critic)
+    groups = exp.meta.get("groups") or [i // exp.group_size for i in range(len(exp))]
     model.train()
+    if critic is not None:
+        critic.train()
     metrics: dict[str, float] = {}
+    ratios: dict[str, float] = {}
     for it in range(s.num_iterations):
-        step = _policy_step(model, optimizer, exp, s, share)
-        if critic is not None:
-            step.update(_critic_step(critic, critic_optimizer, exp, exp.values, exp.returns, s, share))
-        metrics.update(step)
-        metrics[f"ratio_mean/iter{it}"] = step["ratio_mean"]
-    return metrics
+        steps = []
+        for rows in mini_batches(len(exp), exp.group_size, s.mini_batch_size):
+            mine, weight = share.rows([groups[i] for i in rows])
+            totals = Totals.of(exp.completion_mask[rows])  # the whole mini-batch's, on every rank
+            mb = exp.rows([rows[i] for i in mine])
+            parts = micro_batches(*lengths(mb), mb.group_size, s.micro_batch_tokens)
+            step = _policy_step(model, optimizer, mb, parts, totals, s, share, weight * loss_scale, weight)
+            if critic is not None:
+                step.update(_critic_step(critic, critic_optimizer, mb, parts, totals, s, share, weight * loss_scale,
+                                         weight))
+            steps.append({**step, "learn/padding_fraction": padding_fraction(mb, parts),
+                          "learn/micro_batches": float(len(parts))})
+        metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
+        ratios[f"ratio_mean/iter{it}"] = metrics["ratio_mean"]
+    return {**metrics, **ratios, "learn/mini_batches": float(len(steps))}
 
 
-def _policy_step(model, optimizer, exp: Experience, s: LearnerSettings, share: Share) -> dict:
-    mask = exp.completion_mask
-    logp, entropy = group_token_logprobs(model, exp.input_ids, exp.attention_mask, mask.size(1), exp.group_size,
-                                         s.temperature, with_entropy=True)       # (B, T), (B, T)
-    is_w = None
-    if s.is_correction == "tis" and exp.engine_logprobs is not None:
-        is_w = tis_weights(exp.logprobs, exp.engine_logprobs, s.is_cap)         # (B, T)
-    loss, stats = policy_loss(logp, exp.logprobs, exp.ref_logprobs, exp.advantages, mask, s.loss, entropy, is_w)
+def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
+                 share: Share, scale: float, weight: float) -> dict:
+    """One optimizer step on a mini-batch (this rank's rows of it), a micro-batch at a time.
+    `weight` is 0 for a rank's stand-in row (it joins the collectives, it counts for nothing)."""
     optimizer.zero_grad(set_to_none=True)
-    (loss * share.policy_scale).backward()
+    dev, sums, is_max = model_device(model), {}, 0.0
+    for rows in parts:
+        part = trimmed(mb, rows).to(dev)
+        mask = part.completion_mask                                               # (b, t)
+        logp, entropy = group_token_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
+                                             s.temperature, with_entropy=True,
+                                             entropy_grad=bool(s.loss.entropy_coef))  # (b, t), (b, t)
+        is_w = None
+        if s.is_correction == "tis" and part.engine_logprobs is not None:
+            is_w = tis_weights(part.logprobs, part.engine_logprobs, s.is_cap)     # (b, t)
+        loss, stats = policy_loss(logp, part.logprobs, part.ref_logprobs, part.advantages, mask, s.loss,
+                                  entropy if s.loss.entropy_coef else None, is_w, totals)
+        (loss * scale).backward()
+        m = mask.to(logp.dtype)
+        n = float(m.sum()) * weight  # the micro-batch's statistics are token means: back to sums
+        _add(sums, {"loss": float(loss.detach()) * weight, "entropy": float((entropy.detach() * m).sum()) * weight,
+                    **{k: v * n for k, v in stats.items()}})
+        if is_w is not None:
+            _add(sums, {"is/mean": float((is_w * m).sum()) * weight,
+                        "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum()) * weight})
+            is_max = max(is_max, float((is_w * m).max()))
     share.sync(model.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
     optimizer.step()
-    m = mask.to(entropy.dtype)
-    n = m.sum().clamp(min=1)
-    if is_w is not None:
-        stats.update({"is/mean": float((is_w * m).sum() / n), "is/max": float((is_w * m).max()),
-                      "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum() / n)})
-    return {"loss": float(loss.detach()), "grad_norm": float(grad_norm),
-            "entropy": float((entropy.detach() * m).sum() / n), **stats}
+    sums = share.total(sums)  # the mini-batch's, over the learner group
+    out = {k: v / max(totals.tokens, 1.0) for k, v in sums.items() if k != "loss"}
+    if "is/mean" in out:
+        out["is/max"] = is_max  # this rank's
+    return {**out, "loss": sums["loss"], "grad_norm": float(grad_norm)}
 
 
-def _critic_step(critic, optimizer, exp: Experience, old_values, returns, s: LearnerSettings, share: Share) -> dict:
-    critic.train()
-    values = token_values(critic, exp.input_ids, exp.attention_mask, exp.completion_mask.size(1))  # (B, T)
-    loss, clipped = value_loss(values, old_values, returns, exp.completion_mask, s.algorithm_settings.value_clip)
+def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
+                 share: Share, scale: float, weight: float) -> dict:
     optimizer.zero_grad(set_to_none=True)
-    (loss * share.critic_scale).backward()
+    dev, sums = model_device(critic), {}
+    for rows in parts:
+        part = trimmed(mb, rows).to(dev)
+        values = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1))  # (b, t)
+        loss, clipped = value_loss(values, part.values, part.returns, part.completion_mask,
+                                   s.algorithm_settings.value_clip, totals)
+        (loss * scale).backward()
+        _add(sums, {"critic/loss": float(loss.detach()) * weight,
+                    "clipped_tokens": clipped * float(part.completion_mask.sum()) * weight})
     share.sync(critic.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
     optimizer.step()
-    return {"critic/loss": float(loss.detach()), "critic/grad_norm": float(grad_norm),
-            "critic/value_clip_fraction": clipped}
+    sums = share.total(sums)
+    return {"critic/loss": sums["critic/loss"], "critic/grad_norm": float(grad_norm),
+            "critic/value_clip_fraction": sums["clipped_tokens"] / max(totals.tokens, 1.0)}
+
+
+def _add(sums: dict, more: dict) -> None:
+    for k, v in more.items():
+        sums[k] = sums.get(k, 0.0) + v

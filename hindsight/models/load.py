@@ -1,4 +1,4 @@
-"""Load policy, reference and reward models (a hub id, a local path or `tiny://demo`).
+"""Load policy, reference and reward models (a hub id, a local path or a `tiny://` model).
 
 Every stage loads models through `load_causal_lm` / `load_reward_model`, so a hub id,
 a local path and the demo model (`models.tiny`) all take the same `from_pretrained` path.
@@ -28,13 +28,17 @@ def disable_dropout(model) -> None:
 
 def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/models",
                        field: str = "model.base") -> str:
-    """`tiny://demo` builds (once) the demo model; a local path must exist; a hub id passes."""
+    """`tiny://demo` or `tiny://qwen2` builds (once) a tiny model in code; a local path must exist;
+    a hub id passes."""
     if name_or_path.startswith("tiny://"):
-        target = Path(cache_dir) / name_or_path.removeprefix("tiny://")
-        if not target.exists():
-            from hindsight.models.tiny import build_tiny_model
+        from hindsight.models.tiny import TINY
 
-            build_tiny_model(target)
+        name = name_or_path.removeprefix("tiny://")
+        if name not in TINY:
+            raise ConfigError(f"{field}: {name_or_path}: no such built-in model (tiny://{', tiny://'.join(TINY)})")
+        target = Path(cache_dir) / name
+        if not target.exists():
+            TINY[name](target)
         return str(target)
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():

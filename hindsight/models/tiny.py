@@ -1,4 +1,6 @@
-"""The tiny demo model and its tokenizer, built in code: tests and the demo need no download."""
+"""Tiny models and tokenizers built in code, so tests and the demo need no download: the demo's
+Llama-style model (`tiny://demo`) and a Qwen2-architecture one with a real `Qwen2Tokenizer` and a
+ChatML chat template (`tiny://qwen2`), saved in Hugging Face format like a user's own model."""
 from __future__ import annotations
 
 import os
@@ -60,3 +62,59 @@ def build_tiny_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, he
     tok.save_pretrained(tmp)
     os.replace(tmp, out_dir) if not out_dir.exists() else None
     return out_dir
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_chatml_tokenizer():
+    """A byte-level BPE on the demo's words in transformers' own `Qwen2Tokenizer` (its pre-tokenizer
+    splits digits, as Qwen's does), with `<|endoftext|>` as eos and pad, `<|im_start|>` and
+    `<|im_end|>`, and Qwen's ChatML template: it reloads as the same class with the same ids."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    from hindsight.data.demo import ITEMS, NAMES, VERBS
+
+    core = Tokenizer(models.BPE(unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    words = NAMES + ITEMS + VERBS + ["has", "and", "more", "How", "many", "now", "A", "Q", "user", "assistant"]
+    corpus = [" ".join(words)] * 4 + [f"{w} {w}." for w in words] + ["0 1 2 3 4 5 6 7 8 9 ####"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator(corpus, trainer=trainer)
+    model = json.loads(core.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    tok = Qwen2Tokenizer(vocab=model["vocab"], merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    return tok
+
+
+def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                     seed: int = 0) -> Path:
+    """Write a randomly initialised `Qwen2ForCausalLM`, its ChatML tokenizer and a Qwen-style
+    generation config (both end tokens, a repetition penalty) in Hugging Face format."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    tok = build_chatml_tokenizer()
+    end, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 4, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                         tie_word_embeddings=True, pad_token_id=end, eos_token_id=end, bos_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=[im_end, end], pad_token_id=end, bos_token_id=None,
+                                               repetition_penalty=1.05, do_sample=True, temperature=0.7, top_p=0.8)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out_dir) if not out_dir.exists() else None
+    return out_dir
+
+
+TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2}  # tiny://NAME

@@ -25,7 +25,7 @@ import torch
 
 from hindsight.data.chat import prompt_text
 from hindsight.experience import Experience, pad_left
-from hindsight.logprobs import cache_kwargs, group_token_logprobs, model_device, output_cache, position_ids
+from hindsight.logprobs import budgeted_logprobs, cache_kwargs, model_device, output_cache, position_ids
 from hindsight.rollout.greedy import completion_mask
 
 
@@ -56,9 +56,11 @@ def pick_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, t
 
 @torch.no_grad()
 def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: int, max_new_tokens: int,
-                  temperature: float = 1.0, top_p: float = 1.0, logprobs: str = "forward") -> Experience:
+                  temperature: float = 1.0, top_p: float = 1.0, logprobs: str = "forward",
+                  budget: int | None = None) -> Experience:
     """Sample `group_size` completions of each prompt; group i uses seeds[i]. Rows come out in
-    groups, prompts left-padded and completions right-padded, as `generate` returns them."""
+    groups, prompts left-padded and completions right-padded, as `generate` returns them. The
+    behaviour log-probs' forward runs `budget` padded tokens at a time (rl.micro_batch_tokens)."""
     dev = model_device(model)
     seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
@@ -96,8 +98,7 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     if logprobs == "decode":
         logp = torch.stack(decoded, dim=1)                                          # (B, T')
     else:
-        logp, _ = group_token_logprobs(model, torch.cat([prompt_ids, completion_ids], dim=1),
-                                       torch.cat([prompt_mask, cmask], dim=1), completion_ids.size(1), group_size,
-                                       scale)                                        # (B, T')
+        sampled = Experience(prompt_ids, prompt_mask, completion_ids, cmask, torch.zeros(cmask.shape), group_size)
+        logp = budgeted_logprobs(model, sampled, scale, budget)                     # (B, T')
     model.train(was_training)
     return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)

@@ -12,12 +12,11 @@ import json
 import time
 from dataclasses import dataclass, replace
 
-import torch
 
 from hindsight.data.chat import is_conversation, prompt_text
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
-from hindsight.logprobs import token_logprobs
+from hindsight.logprobs import budgeted_logprobs
 from hindsight.rollout.hf import sample_groups
 from hindsight.state.store import RolloutStore
 
@@ -127,7 +126,7 @@ class RolloutWorker:
         seeds = [group_seed(self.seed, t.step, t.group) for t in batch]
         if r.backend == "hf":
             return sample_groups(self.policy, self.tok, [t.prompt["prompt"] for t in batch], seeds, size,
-                                 r.max_new_tokens, r.temperature, r.top_p, r.logprobs)
+                                 r.max_new_tokens, r.temperature, r.top_p, r.logprobs, self.rl.micro_batch_tokens)
         (task,) = batch
         return self._learner_logprobs(self._generate(task.prompt["prompt"], seeds[0]))
 
@@ -176,8 +175,6 @@ class RolloutWorker:
         TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
         renormalised over the nucleus. The engine's are kept for the optional IS weight."""
         self.policy.eval()
-        with torch.no_grad():
-            logp, _ = token_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
-                                     self.rl.rollout.temperature)                     # (B, T)
-        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp.cpu() * exp.completion_mask
+        logp = budgeted_logprobs(self.policy, exp, self.rl.rollout.temperature, self.rl.micro_batch_tokens)  # (B, T)
+        exp.engine_logprobs, exp.logprobs = exp.logprobs, logp * exp.completion_mask
         return exp

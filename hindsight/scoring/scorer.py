@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import time
 
-import torch
 
 from hindsight.experience import experience_from_rows
-from hindsight.logprobs import group_token_logprobs, sequence_scores
+from hindsight.logprobs import budgeted_logprobs, budgeted_scores
 from hindsight.rollout.worker import write_groups
 from hindsight.scoring.rewards import score_completions
 from hindsight.state.store import RolloutStore
@@ -97,10 +96,9 @@ class Scorer:
         if self.ref is None and self.rm is None:
             return None, None
         exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
-        with torch.no_grad():
-            ref = group_token_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.completion_ids.size(1),
-                                       exp.group_size, self.rl.rollout.temperature)[0] if self.ref is not None else None
-            rm = sequence_scores(self.rm, exp.input_ids, exp.attention_mask).tolist() if self.rm is not None else None
+        budget = self.rl.micro_batch_tokens
+        ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget) if self.ref is not None else None
+        rm = budgeted_scores(self.rm, exp, budget).tolist() if self.rm is not None else None
         return ref, rm
 
     def close(self) -> None:

@@ -20,7 +20,8 @@ from hindsight.errors import CheckpointError
 from hindsight.state.fsutil import file_sha256
 
 SECTIONS = ("sampling", "algorithm", "scoring", "training")
-_TRAINING = ("lr", "clip_eps_low", "clip_eps_high", "clip_ratio_c", "loss_agg", "num_iterations", "max_grad_norm",
+_TRAINING = ("lr", "clip_eps_low", "clip_eps_high", "clip_ratio_c", "loss_agg", "num_iterations", "mini_batch_size",
+             "max_grad_norm",
              "entropy_coef", "disable_dropout")
 
 

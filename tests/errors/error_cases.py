@@ -381,3 +381,20 @@ def _(ws, tmp):
     cfg = base_config(ws, tmp / "run")
     return Case(rl_args(write_config(tmp, cfg)), {"HINDSIGHT_FAULT": "disk_full:rollouts/step-000001"},
                 keeps_state=True)
+
+
+@case("master-weights-bf16")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\nmodel:\n  master_dtype: bfloat16\n")
+
+
+@case("mini-batch-partial-group")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", mini_batch_size=3)
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("tiny-model-unknown")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", init="tiny://nope")
+    return Case(rl_args(write_config(tmp, cfg)))

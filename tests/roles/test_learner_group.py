@@ -22,7 +22,7 @@ def init(tiny_init):
     ray.shutdown()
 
 
-def _run(work, init, run_dir, algorithm, workers):
+def _run(work, init, run_dir, algorithm, workers, **batching):
     extra = {"ppo": {"critic_lr": 1e-3}} if algorithm == "ppo" else {}
     cfg = PipelineConfig.model_validate({
         "name": "learners", "seed": 2, "run_dir": str(run_dir),
@@ -30,7 +30,7 @@ def _run(work, init, run_dir, algorithm, workers):
         "rl": {"algorithm": algorithm, "steps": STEPS, "prompts_per_step": 3, "samples_per_prompt": 4,
                "reward_isolation": "inline", "lr": 1e-2, "save_every": 1, "kl": {"coef": 0.05},
                "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "helpers:varied"}],
-               "workers": workers, **extra}})
+               "workers": workers, **batching, **extra}})
     run = RLRun(cfg, init, None)
     pids, spawned = [], []
     for step in range(run.start_step, STEPS):  # as the flow does: a resumed run starts at its checkpoint
@@ -41,10 +41,16 @@ def _run(work, init, run_dir, algorithm, workers):
     return run, pids, spawned
 
 
+# 12 samples a step in mini-batches of 8 (two groups: one per rank) and 4 (one group: rank 1
+# joins with a zero-weighted stand-in row), each in micro-batches of a few sequences
+BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 24}
+
+
+@pytest.mark.parametrize("batching", [{}, BATCHING], ids=["whole", "mini-micro"])
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_two_learners_train_what_one_trains(init, tmp_path, algorithm):
-    one, _, _ = _run(*init, tmp_path / "one", algorithm, {})
-    two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray", "learner": 2})
+def test_two_learners_train_what_one_trains(init, tmp_path, algorithm, batching):
+    one, _, _ = _run(*init, tmp_path / "one", algorithm, {}, **batching)
+    two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray", "learner": 2}, **batching)
     moved = max((a - b).abs().max().item() for a, b in zip(one.policy.parameters(), two.policy.parameters()))
     print(f"{algorithm}: 1 vs 2 learners max |diff| {moved:.2e}")
     for (k, a), (_, b) in zip(one.policy.state_dict().items(), two.policy.state_dict().items()):

@@ -58,20 +58,27 @@ def tis_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -
     return torch.exp(old_logp - engine_logp).clamp(max=cap).detach()
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None) -> torch.Tensor:
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None,
+              totals=None) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
 
     token_mean: every token weighs the same (DAPO; TRL 'bnpo'/'dapo' on one batch).
     seq_mean_token_mean: mean per sequence, then over sequences (GRPO; TRL 'grpo').
     seq_mean_token_sum_norm: sum over tokens / (B * max_len), no length bias (Dr. GRPO).
+
+    `totals` (`batching.Totals`) are the whole mini-batch's tokens and sequences when these
+    rows are one micro-batch of it: the sum of its micro-batches' losses is then the
+    mini-batch's loss, not a mean of micro-batch means. None: these rows are the whole batch.
     """
     mask = mask.to(per_token.dtype)                               # (B, T)
+    tokens = totals.tokens if totals is not None else mask.sum().clamp(min=1.0)
+    seqs = totals.seqs if totals is not None else per_token.size(0)
     if mode == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+        return (per_token * mask).sum() / max(tokens, 1.0)
     if mode == "seq_mean_token_mean":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / seqs
     if mode == "seq_mean_token_sum_norm":
-        return (per_token * mask).sum() / (per_token.size(0) * (max_len or per_token.size(1)))
+        return (per_token * mask).sum() / (seqs * (max_len or per_token.size(1)))
     raise ValueError(f"unknown loss aggregation: {mode}")
 
 
@@ -88,12 +95,14 @@ class LossSettings:
     clip_ratio_c: float | None = None
 
 
-def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None, is_weights=None):
+def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, entropy=None, is_weights=None,
+                totals=None):
     """Clipped surrogate, plus KL-in-loss, minus an entropy bonus. All inputs (B, T) except
     advantages, (B,) or (B, T). `kl_coef` here is the in-loss coefficient (0 when the KL
     penalty lives in the reward instead). The KL and entropy terms are added per token before
     the aggregation, so they are reduced exactly as the policy loss is (`loss_agg`).
-    `is_weights` (B, T), when given, weight the surrogate only, as TRL does.
+    `is_weights` (B, T), when given, weight the surrogate only, as TRL does. `totals`: see
+    `aggregate` (a micro-batch's part of its mini-batch's loss).
 
     Returns the scalar loss and detached statistics for logging.
     """
@@ -106,7 +115,7 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, ent
         per_token = per_token + s.kl_coef * kl
     if s.entropy_coef and entropy is not None:
         per_token = per_token - s.entropy_coef * entropy
-    loss = aggregate(per_token, mask, s.loss_agg, s.max_len)
+    loss = aggregate(per_token, mask, s.loss_agg, s.max_len, totals)
     m = mask.to(logp.dtype)
     logp, kl, ratio = logp.detach(), kl.detach(), ratio.detach()  # statistics only, no graph
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
@@ -124,8 +133,9 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: LossSettings, ent
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float) -> tuple[torch.Tensor, float]:
-    """PPO's clipped value loss: the worse of the raw and the clipped prediction, halved.
+               clip: float, totals=None) -> tuple[torch.Tensor, float]:
+    """PPO's clipped value loss: the worse of the raw and the clipped prediction, halved, a mean
+    over tokens (over the whole mini-batch's `totals.tokens` for one micro-batch of it).
 
     values, old_values, returns, mask: (B, T). Returns (scalar loss, fraction clipped).
     """
@@ -133,7 +143,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     raw_err, clip_err = (values - returns).pow(2), (clipped - returns).pow(2)  # (B, T)
     m = mask.to(values.dtype)
     n = m.sum().clamp(min=1.0)
-    loss = 0.5 * (torch.max(raw_err, clip_err) * m).sum() / n
+    loss = 0.5 * (torch.max(raw_err, clip_err) * m).sum() / (max(totals.tokens, 1.0) if totals is not None else n)
     frac = float(((clip_err > raw_err).to(m.dtype) * m).sum() / n)
     return loss, frac
 

@@ -130,14 +130,15 @@ def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
 
 
 def test_an_empty_share_takes_part_with_a_zero_weight():
-    from hindsight.learning.launch import padded_share
+    from hindsight.learning.batching import padded_share
 
     assert padded_share([0, 0, 0], 1, 2) == ([0], 0.0)  # one group, two processes: a zero-weighted stand-in row
     assert padded_share([0, 0, 1, 1], 1, 2) == ([2, 3], None)
 
 
 def test_share_and_scale_by_hand():
-    from hindsight.learning.launch import share, share_scale
+    from hindsight.learning.batching import share
+    from hindsight.learning.launch import share_scale
     from hindsight.experience import Experience
 
     groups = [0, 0, 1, 1, 2, 2]

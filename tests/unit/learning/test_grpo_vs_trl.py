@@ -70,21 +70,22 @@ class _Acc:
         return x
 
 
-def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max_len):
+def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max_len, grad_accum=1,
+              steps_per_generation=1, items=None):
     """Run TRL's GRPOTrainer._compute_loss on given tensors: only the model call is replaced."""
     fake = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
         beta=beta, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=steps_per_generation),
         model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1, max_completion_length=max_len, _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=grad_accum, max_completion_length=max_len, _entropy_bonus_enabled=False,
         aux_loss_enabled=False, accelerator=_Acc(), _metrics=defaultdict(lambda: defaultdict(list)),
     )
     inputs = {"prompt_ids": torch.zeros(logp.size(0), 2, dtype=torch.long), "prompt_mask": torch.ones(logp.size(0), 2),
               "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
               "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
-              "num_items_in_batch": mask.sum()}
+              "num_items_in_batch": mask.sum() if items is None else items}
     return GRPOTrainer._compute_loss(fake, None, inputs)
 
 
@@ -114,3 +115,45 @@ def test_loss_and_gradients_match_trl(ours, theirs, beta):
     assert abs(loss_ours.item() - loss_trl.item()) < 1e-6
     assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6)
     assert lp_ours.grad.abs().sum() > 0  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize("ours,theirs", [("seq_mean_token_mean", "grpo"), ("seq_mean_token_sum_norm", "dr_grpo"),
+                                         ("token_mean", "dapo")])
+def test_mini_batches_match_trl_steps_per_generation_and_gradient_accumulation(ours, theirs):
+    """TRL: a generation batch of 12 is cut into steps_per_generation = 4 calls of
+    per_device_train_batch_size = 3, and gradient_accumulation_steps = 2 calls make an optimizer
+    step. Ours: mini_batch_size 6 (= 3 x 2), each mini-batch in micro-batches of 3 rows. Each
+    optimizer step's loss and gradients agree. TRL's dapo divides by the generation batch's
+    tokens per accumulation window, ours by the mini-batch's own: equal when the mini-batches
+    hold as many tokens, as here (docs/fitting.md states the difference)."""
+    from hindsight.learning.batching import Totals, mini_batches
+
+    g = torch.Generator().manual_seed(11)
+    B, T, per_device, accum, spg = 12, 5, 3, 2, 4
+    base = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    old = base + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    ref = base + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, T, generator=g) > 0.3).double()
+    mask[:, 0] = 1
+    mask[6:] = mask[:6].flip(0)  # both mini-batches hold the same number of tokens
+    adv = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 2.0, 1.0, 0.0, 0.0, 1.0, 0.5],
+                                       dtype=torch.float64), group_size=3)
+    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.04, kl_estimator="k3", loss_agg=ours, max_len=T)
+    minis = mini_batches(B, 3, per_device * accum)
+    assert minis == [list(range(6)), list(range(6, 12))]
+    for rows in minis:
+        totals = Totals.of(mask[rows])
+        lp_ours, lp_trl = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+        ours_total = trl_total = 0.0
+        for at in range(rows[0], rows[-1] + 1, per_device):
+            r = list(range(at, at + per_device))
+            loss, _ = policy_loss(lp_ours[r], old[r], ref[r], adv[r], mask[r], s, totals=totals)
+            loss.backward()
+            ours_total += loss.item()
+            theirs_loss = _trl_loss(theirs, lp_trl[r], old[r], ref[r], adv[r], mask[r], 0.04, 0.2, 0.28, T,
+                                    grad_accum=accum, steps_per_generation=spg, items=mask.sum())
+            theirs_loss.backward()
+            trl_total += theirs_loss.item()
+        assert abs(ours_total - trl_total) < 1e-9
+        assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-9)
+        assert lp_ours.grad[rows].abs().sum() > 0 and lp_ours.grad[[i for i in range(B) if i not in rows]].abs().sum() == 0

@@ -1,0 +1,159 @@
+"""The learner's memory as a token budget, measured side by side on this CPU.
+
+    python bench/learner_memory.py [--quick]
+
+One RL update (GRPO, AdamW) on a Qwen2-architecture model built from its config (no download):
+hidden 256, 4 layers, vocab 32,000 (20 M parameters), prompts of 32 and completions of up to 128
+tokens. Each measurement runs in a fresh process, after a first update that allocates AdamW's
+state (a run holds it throughout): the peak resident memory of the next update (VmHWM, reset
+just before it) minus the resident memory just before it, so a measurement never inherits
+another's pages (see MALLOC for how freed memory is returned).
+
+1. The step grows 1x -> 8x (8 -> 64 rows) at a fixed `micro_batch_tokens`: the peak stays.
+2. The same without micro-batches, for contrast: the peak grows with the step.
+3. Activation checkpointing against none on a 16-layer model, at the same budget.
+4. Step time of micro-batched (half the activation memory: 2 micro-batches) against whole-batch
+   at the same work, when both fit.
+
+The last lines are `ratio peak_memory 8x/1x: X` and `ratio step_time micro/whole: Y`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# glibc keeps freed heap pages and fragments it between differently shaped tensors, so a process's
+# resident peak overstates what its tensors needed; served from mmap, every tensor above 64 KB is
+# returned when freed, and the peak is the tensors' (a GPU's caching allocator reports the same).
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+SHAPE = {"hidden": 256, "layers": 4, "vocab": 32000, "prompt": 32, "completion": 128, "group": 4}
+
+
+def build(layers: int, checkpointing: bool):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hindsight.config import ModelConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["hidden"] * 4,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg)
+    model.compute_dtype = torch.float32
+    if checkpointing:  # what learning.build does for model.gradient_checkpointing
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    _ = ModelConfig  # the settings these stand for: model.dtype float32, model.gradient_checkpointing
+    return model
+
+
+def batch(rows: int, seed: int = 0):
+    """A stored step's batch: random tokens, completions of 96..128 tokens with one of each group
+    cut at 128 (a step always has rows that ran to max_new_tokens), a group's prompt shared."""
+    import torch
+
+    from hindsight.experience import Experience
+
+    g = torch.Generator().manual_seed(seed)
+    p, t, size = SHAPE["prompt"], SHAPE["completion"], SHAPE["group"]
+    prompts = torch.randint(5, SHAPE["vocab"], (rows // size, p), generator=g).repeat_interleave(size, 0)  # (B, P)
+    completions = torch.randint(5, SHAPE["vocab"], (rows, t), generator=g)                               # (B, T)
+    ends = torch.randint(3 * t // 4, t + 1, (rows,), generator=g)                                         # (B,)
+    ends[::size] = t
+    mask = (torch.arange(t)[None, :] < ends[:, None]).long()                                              # (B, T)
+    exp = Experience(prompts, torch.ones_like(prompts), completions * mask, mask,
+                     -torch.rand(rows, t, generator=g) * mask, size)
+    exp.rewards = torch.rand(rows, generator=g)
+    return exp
+
+
+def one(spec: dict) -> dict:
+    """In this (fresh) process: build, then one update; its extra peak memory and its time."""
+    import torch
+
+    from hindsight.learning.algorithms.losses import LossSettings
+    from hindsight.learning.update import LearnerSettings, update
+
+    torch.set_num_threads(spec.get("threads", 2))
+    model = build(spec["layers"], spec["checkpointing"])
+    exp = batch(spec["rows"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    s = LearnerSettings(micro_batch_tokens=spec["budget"], loss=LossSettings(kl_coef=0.0, max_len=SHAPE["completion"]))
+    update(model, opt, batch(SHAPE["group"], seed=1), s)  # a first step allocates AdamW's state: a run holds it
+    before = _rss_kb()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the peak from here on
+    t0 = time.perf_counter()
+    metrics = update(model, opt, exp, s)
+    seconds = time.perf_counter() - t0
+    return {**spec, "extra_mb": (_status_kb("VmHWM") - before) / 1024, "seconds": seconds,
+            "micro_batches": metrics["learn/micro_batches"], "padding": metrics["learn/padding_fraction"]}
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
+def _rss_kb() -> int:
+    return _status_kb("VmRSS")
+
+
+def measure(**spec) -> dict:
+    spec = {"layers": SHAPE["layers"], "checkpointing": False, "budget": None, **spec}
+    env = {**os.environ, **MALLOC}
+    out = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def show(label: str, r: dict) -> None:
+    print(f"{label:<44} rows {r['rows']:>3}  budget {str(r['budget']):>5}  micro-batches {r['micro_batches']:>4.0f}  "
+          f"extra peak {r['extra_mb']:8.1f} MB  step {r['seconds']:6.2f} s  padding {r['padding']:.1%}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="one timing round instead of three")
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(json.loads(args.one))))
+        return
+    budget = 2 * (SHAPE["prompt"] + SHAPE["completion"])  # two sequences per micro-batch: 320 tokens
+    print(f"model: Qwen2 hidden {SHAPE['hidden']}, vocab {SHAPE['vocab']}, prompt {SHAPE['prompt']}, "
+          f"completion <= {SHAPE['completion']}; micro_batch_tokens {budget}", flush=True)
+    micro = {n: measure(rows=n, budget=budget) for n in (8, 64)}
+    for n, r in micro.items():
+        show(f"micro-batched, step {n // 8}x", r)
+    whole = {n: measure(rows=n) for n in (8, 64)}
+    for n, r in whole.items():
+        show(f"whole batch, step {n // 8}x", r)
+    deep = {c: measure(rows=8, budget=budget * 2, layers=16, checkpointing=c) for c in (False, True)}
+    show("16 layers, no checkpointing", deep[False])
+    show("16 layers, activation checkpointing", deep[True])
+    rounds = 1 if args.quick else 5
+    times = {"micro": [], "whole": []}
+    for _ in range(rounds):  # alternated, so drift on a noisy machine hits both
+        times["whole"].append(measure(rows=16)["seconds"])
+        times["micro"].append(measure(rows=16, budget=8 * (SHAPE["prompt"] + SHAPE["completion"]))["seconds"])
+    tw, tm = statistics.median(times["whole"]), statistics.median(times["micro"])
+    print(f"step time, 16 rows (median of {rounds}): whole {tw:.2f} s, in 2 micro-batches of 8 rows {tm:.2f} s")
+    print(f"ratio peak_memory whole 8x/1x: {whole[64]['extra_mb'] / whole[8]['extra_mb']:.2f}")
+    print(f"ratio peak_memory checkpointing/none (16 layers): {deep[True]['extra_mb'] / deep[False]['extra_mb']:.2f}")
+    print(f"ratio peak_memory 8x/1x: {micro[64]['extra_mb'] / micro[8]['extra_mb']:.2f}")
+    print(f"ratio step_time micro/whole: {tm / tw:.2f}")
+
+
+if __name__ == "__main__":
+    main()
