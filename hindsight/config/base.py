@@ -18,7 +18,8 @@ RewardSpec = Annotated[str, AfterValidator(_reward_spec)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # a float of .inf or .nan is refused where it is read: `rl.lr: .inf` trained NaN weights
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def flatten(cfg: BaseModel | dict, prefix: str = "") -> dict[str, str]:

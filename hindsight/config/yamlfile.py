@@ -1,5 +1,7 @@
 """Reading YAML files for configs: `--set` overrides, and validation errors that name the
-file, line and field (pydantic's location mapped back onto the YAML text)."""
+file, line and field (pydantic's location mapped back onto the YAML text). The loader is
+PyYAML's safe one, stricter: a key given twice is an error (not the last one silently winning),
+and so is a document that expands more aliases than a config ever needs (a "billion laughs")."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +10,40 @@ import yaml
 from pydantic import ValidationError
 
 from hindsight.errors import ConfigError
+
+
+MAX_ALIASES = 100  # a hand-written config reuses a block a few times; an alias bomb, millions
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and alias bombs, naming the line."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"more than {MAX_ALIASES} aliases (*name): refused, as an alias bomb would be", mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str):
+    return yaml.load(text, Loader=_StrictLoader)
 
 
 def apply_override(raw: dict, assignment: str) -> None:
@@ -44,11 +80,14 @@ def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] =
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: {what} file is not valid UTF-8 (byte {data[exc.start]:#04x})") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"{where}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if raw is None:  # an empty file ran the whole demo into the user's folder: say so instead
+        raise ConfigError(f"{path}: {what} file is empty (start from configs/demo.yaml, or name at least "
+                          f"`name:` and the stages' settings)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     for assignment in overrides:

@@ -35,9 +35,11 @@ def load_reward_fn(spec: str):
 
 
 def check_reward(spec: str, args: dict | None = None):
-    """Load a reward and run its own `preflight(**args)` if it has one: a reward that cannot
-    run here (the code reward without its sandbox) refuses before any model loads."""
+    """Load a reward, check that it can take TRL's keywords, and run its own `preflight(**args)`
+    if it has one: a reward that cannot run here (the code reward without its sandbox, or a
+    function that is no reward, such as `os:system`) refuses before any model loads."""
     fn = load_reward_fn(spec)
+    _check_signature(spec, fn)
     check = getattr(fn, "preflight", None)
     if callable(check):
         try:
@@ -45,6 +47,26 @@ def check_reward(spec: str, args: dict | None = None):
         except Exception as exc:
             raise RewardError(f"reward {spec!r}: {exc}") from None
     return fn
+
+
+def _check_signature(spec: str, fn) -> None:
+    """TRL's contract calls a reward by keyword: prompts=, completions=, completion_ids= and the
+    dataset's columns. One that cannot take `completions` by keyword, or needs an argument by
+    position, could never score a completion."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise RewardError(f"reward {spec!r}: its signature cannot be read, so it cannot be checked against TRL's "
+                          f"keyword contract (fn(prompts=, completions=, completion_ids=, **columns))") from None
+    params = sig.parameters.values()
+    by_keyword = any(p.kind is p.VAR_KEYWORD for p in params) or (
+        "completions" in sig.parameters and sig.parameters["completions"].kind is not inspect.Parameter.POSITIONAL_ONLY)
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if not by_keyword or positional:
+        raise RewardError(f"reward {spec!r}: its signature {sig} cannot take TRL's keyword arguments "
+                          f"(fn(prompts=, completions=, completion_ids=, **columns))")
 
 
 def reward_name(spec: str) -> str:

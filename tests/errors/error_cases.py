@@ -398,3 +398,30 @@ def _(ws, tmp):
 def _(ws, tmp):
     cfg = base_config(ws, tmp / "run", init="tiny://nope")
     return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("config-empty")
+def _(ws, tmp):
+    return write_text_config(tmp, "")
+
+
+@case("yaml-duplicate-key")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\nrl:\n  steps: 2\n  steps: 3\n")
+
+
+@case("yaml-alias-bomb")
+def _(ws, tmp):
+    chain = "name: errs\na: &a [1, 2]\nb: &b [" + ", ".join(["*a"] * 10) + "]\nc: &c [" + ", ".join(["*b"] * 10) + "]\n"
+    return write_text_config(tmp, chain + "d: [" + ", ".join(["*c"] * 90) + "]\n")
+
+
+@case("config-non-finite")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\nrl:\n  lr: .inf\n")
+
+
+@case("reward-signature")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "os:system"}])
+    return Case(rl_args(write_config(tmp, cfg)))
