@@ -51,10 +51,10 @@ OTHER_FLOWS = {"sweep": "flows.sweep:sweep_flow"}  # deployed too, but run by a 
 
 def register(stage: Stage, before: str | None = None) -> None:
     """Add a stage (a plug-in, or a test's); `before` places it ahead of that stage in the order."""
-    at = next((i for i, s in enumerate(STAGES) if s.name == before), len(STAGES) - 1 if before is None else None)
-    if at is None:
+    names = [s.name for s in STAGES]
+    if before is not None and before not in names:
         raise KeyError(f"no stage {before!r} to place {stage.name!r} before")
-    STAGES.insert(at, stage)  # by default ahead of the pipeline, which stays last
+    STAGES.insert(names.index(before or "pipeline"), stage)  # by default ahead of the pipeline, which stays last
 
 
 def unregister(name: str) -> None:
