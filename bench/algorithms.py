@@ -54,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     work = Path(tempfile.mkdtemp(prefix="hindsight-algorithms-"))
     init, _ = setup(work, "sum")
-    baseline = evaluate_path(PipelineConfig.model_validate(config(work, init, "grpo", 0, a.steps)), init)
+    baseline, _ = evaluate_path(PipelineConfig.model_validate(config(work, init, "grpo", 0, a.steps)), init)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in ALGORITHMS}
     for seed in range(a.seeds):  # in turn, so machine drift hits every algorithm alike
         for name in ALGORITHMS:

@@ -47,11 +47,13 @@ def setup(work: Path, task: str) -> tuple[str, list[dict]]:
     from hindsight.data.demo import build_demo_data
     from hindsight.models.tiny import build_tiny_model
     from hindsight.data.sumtask import build_sum_data
+    from hindsight.config import DataConfig
     from hindsight.learning.trainers import train_sft
 
     (build_sum_data if task == "sum" else build_demo_data)(work / "data", seed=0)
     base = build_tiny_model(work / "base")
-    train_sft(str(base), str(work / "data/sft.jsonl"), work / "sft", lr=3e-3, epochs=3, batch_size=32,
+    data = DataConfig(sft=str(work / "data/sft.jsonl")).reading("sft")
+    train_sft(str(base), data, work / "sft", lr=3e-3, epochs=3, batch_size=32,
               max_length=64, seed=0)
     return str(work / "sft"), read_jsonl(work / "data/prompts.jsonl")
 

@@ -38,14 +38,19 @@ def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_i
 
 
 def ensure_data(cfg: PipelineConfig) -> str:
-    """Return the data version (DVC md5). Builds the demo data when it is missing.
+    """Return the data version (DVC md5). Builds the demo data when the config reads it and it is missing.
 
     A fresh clone has no DVC remote to pull from; the demo data is regenerated
     deterministically and must reproduce the md5 pinned in data.dvc.
     """
     d = cfg.data
     data_dir = Path(d.dir)
-    if d.build_demo and not all((data_dir / f).exists() for f in DEMO_FILES):
+    if d.build_demo and demo_files_read(d) and not all((data_dir / f).exists() for f in DEMO_FILES):
+        others = sorted(p.name for p in data_dir.iterdir() if p.name not in DEMO_FILES) if data_dir.is_dir() else []
+        if others:
+            raise DataError(f"{data_dir}: the demo data is built only into a folder of its own, and this one holds "
+                            f"other files ({', '.join(others[:5])}); point data.dir (and data.prompts, eval, sft, "
+                            f"prefs) at your files with data.build_demo: false, or at an empty folder for the demo")
         log.info("building demo data in %s", data_dir)
         build_demo_data(data_dir, seed=0)
     if d.dvc_file and Path(d.dvc_file).exists() and data_dir.is_dir():
@@ -55,6 +60,13 @@ def ensure_data(cfg: PipelineConfig) -> str:
                             f"(run `dvc checkout`, or `hindsight data build` for the demo data)")
         return pinned
     return dvc_dir_md5(data_dir) if data_dir.is_dir() else "external"
+
+
+def demo_files_read(d) -> bool:
+    """Whether the config reads any demo file in data.dir: a config naming only its own files
+    never gets the demo built beside them."""
+    demo = {(Path(d.dir) / f).resolve() for f in DEMO_FILES}
+    return any(Path(getattr(d, name)).resolve() in demo for name in ("prompts", "eval", "sft", "prefs"))
 
 
 def run_stage(spec: StageSpec, cfg: PipelineConfig, force: bool):

@@ -11,10 +11,9 @@ from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, m
 def reward_model_story(ctx: StageContext) -> StageOutput:
     cfg, r = ctx.cfg, ctx.cfg.reward_model
     out_dir = cfg.root / "reward_model" / "model"
-    metrics = train(ctx, "reward-model", model_path=ctx.inputs["reward_model.base"], data_path=cfg.data.prefs, out_dir=out_dir,
-                    lr=r.lr, epochs=r.epochs, batch_size=r.batch_size, max_length=r.max_length, seed=cfg.seed,
-                    max_steps=r.max_steps, columns=cfg.data.columns or None,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing)
+    metrics = train(ctx, "reward-model", model_path=ctx.inputs["reward_model.base"], data=cfg.data.reading("prefs"),
+                    out_dir=out_dir, lr=r.lr, epochs=r.epochs, batch_size=r.batch_size, max_length=r.max_length, seed=cfg.seed,
+                    max_steps=r.max_steps, gradient_checkpointing=cfg.model.gradient_checkpointing)
     ctx.log(metrics, 0)
     return StageOutput(model_dir=out_dir)
 

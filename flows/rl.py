@@ -5,12 +5,15 @@ and resumes from its newest checkpoint, training on stored rollouts before sampl
 """
 from __future__ import annotations
 
+import logging
+
 from prefect import flow
 
 from flows.common import run_declared, transient
 from hindsight.state.checkpoint import checkpoint_spans
 from hindsight.config import PipelineConfig
 from hindsight.console import say
+from hindsight.data.rows import format_mismatch
 from hindsight.errors import AlertStop
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
@@ -18,6 +21,8 @@ from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, m
 import tracking
 from tracking.lookback import compare_versions
 from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, steps_task
+
+log = logging.getLogger("hindsight")
 
 
 def rl_story(ctx: StageContext) -> StageOutput:
@@ -29,6 +34,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
         run = get_run(key)
         check_not_finished(run.dir, run.start_step, cfg.rl.steps)
         tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
+        tracking.log_decoding(cfg, run_id, run.decoding)
         _announce_resume(cfg, run_id, run)
         _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
         _steps(cfg, key, run_id, run.start_step)
@@ -89,9 +95,13 @@ def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
                                            if isinstance(new, (int, float)) and not isinstance(new, bool)}, start)
 
 
-def _check_placement(cfg: PipelineConfig) -> None:
-    """vLLM and Ray are checked before any model loads: a missing GPU, an unreachable cluster or a
-    worker layout larger than the cluster is one clear error."""
+def _checks(cfg: PipelineConfig) -> None:
+    """Before any model loads: one warning when SFT's prompts and RL's differ in format; vLLM and
+    Ray checked, so a missing GPU, an unreachable cluster or a worker layout larger than the
+    cluster is one clear error."""
+    mismatch = format_mismatch(cfg)
+    if mismatch:
+        log.warning(mismatch)
     if cfg.rl.rollout.backend == "vllm":
         from hindsight.rollout.vllm import require_vllm
 
@@ -108,7 +118,7 @@ RL = StageSpec(
     models=lambda cfg: {"rl.init": cfg.rl.init or model_uri(cfg, "sft"),
                         "reward_model": model_uri(cfg, "rm") if cfg.rl.needs_reward_model() else None},
     data=("prompts", "eval"), rewards=lambda cfg: list(cfg.rl.rewards) + [cfg.eval.reward],
-    checks=_check_placement, registers="policy", story=rl_story)
+    checks=_checks, registers="policy", story=rl_story)
 
 
 @flow(name="rl", log_prints=False)

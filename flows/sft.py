@@ -7,16 +7,17 @@ from flows.common import run_declared, train
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec
 from hindsight.scoring.evaluate import evaluate_path
+import tracking
 
 
 def sft_story(ctx: StageContext) -> StageOutput:
     cfg, s = ctx.cfg, ctx.cfg.sft
     out_dir = cfg.root / "sft" / "model"
-    metrics = train(ctx, "sft", model_path=ctx.inputs["model.base"], data_path=cfg.data.sft, out_dir=out_dir, lr=s.lr,
+    metrics = train(ctx, "sft", model_path=ctx.inputs["model.base"], data=cfg.data.reading("sft"), out_dir=out_dir, lr=s.lr,
                     epochs=s.epochs, batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
-                    max_steps=s.max_steps, columns=cfg.data.columns or None,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing)
-    metrics["eval/accuracy"] = evaluate_path(cfg, str(out_dir))
+                    max_steps=s.max_steps, gradient_checkpointing=cfg.model.gradient_checkpointing)
+    metrics["eval/accuracy"], decoding = evaluate_path(cfg, str(out_dir))
+    tracking.log_decoding(cfg, ctx.run_id, decoding)
     ctx.log(metrics, 0)
     return StageOutput(model_dir=out_dir, eval_accuracy=metrics["eval/accuracy"])
 

@@ -27,13 +27,15 @@ def say(message: str) -> None:
 
 class ConsoleHandler(logging.Handler):
     """Each record as one plain line through the shared console (never wrapped: a line stays
-    greppable in a pipe); a warning says so."""
+    greppable in a pipe); a warning or an error says so."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = self.format(record)
             if record.levelno == logging.WARNING:
                 text = f"warning: {text}"
+            elif record.levelno >= logging.ERROR:
+                text = f"error: {text}"
             console().print(text, markup=False, highlight=False, soft_wrap=True)
         except Exception:
             self.handleError(record)

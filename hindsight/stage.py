@@ -50,7 +50,7 @@ class StageSpec:
     name: str                              # flow, task, MLflow run and cache-key name
     sections: tuple[str, ...]              # top-level config keys that decide its output
     models: Callable[[PipelineConfig], dict[str, str | None]]  # config field -> the model uri it reads (None: not read)
-    data: tuple[str, ...] = ()             # DataConfig fields of the files it reads (columns in DATA_COLUMNS)
+    data: tuple[str, ...] = ()             # DataConfig fields of the files it reads (columns in config.data.FILES)
     rewards: Callable[[PipelineConfig], list[str]] = lambda cfg: []  # 'module:function' it calls
     state: Callable[[PipelineConfig], Any] | None = None  # run-directory state it reads (stored shards)
     checks: Callable[[PipelineConfig], None] | None = None  # more preflight (e.g. that vLLM can run)
@@ -79,18 +79,10 @@ class StageResult:
                 "eval/accuracy": self.eval_accuracy, "wall_s": self.wall_s, "cached": self.cached}
 
 
-# DataConfig field -> the columns a stage needs in it
-DATA_COLUMNS = {"sft": ("prompt", "completion"), "prefs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",),
-                "eval": ("prompt",)}
-
-
 def preflight(spec: StageSpec, cfg: PipelineConfig) -> None:
     """Everything the stage declares it reads, checked in a second, before any model loads."""
-    d = cfg.data
     for name in spec.data:
-        eval_file = name == "eval"
-        load_rows(getattr(d, name), required=DATA_COLUMNS[name], split=d.eval_split if eval_file else d.split,
-                  columns=d.columns or None, limit=cfg.eval.limit if eval_file else None)
+        load_rows(**cfg.data.reading(name, limit=cfg.eval.limit if name == "eval" else None))
     for reward in spec.rewards(cfg):
         check_reward(getattr(reward, "fn", reward), getattr(reward, "args", None))
     if spec.checks:

@@ -5,15 +5,19 @@ retried by `flows.common.run_declared`.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from prefect import task
 from prefect.runtime import task_run
 
 from hindsight.config import PipelineConfig
+from hindsight.faults import crash_point
 from hindsight.stage import StageContext, StageResult, StageSpec, model_name
 import tracking
 from tasks.cache import cache_key_from_inputs
+
+log = logging.getLogger("hindsight")
 
 
 @task(name="stage", cache_key_fn=cache_key_from_inputs, persist_result=True)
@@ -27,8 +31,25 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
         name = model_name(cfg, spec.registers)
         version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
-        if out.then is not None and version != tracking.SPOOLED:  # `then` reads the registry
-            out.then(run_id)
-        tracking.end_run(cfg, run_id)
+        try:
+            crash_point("registered", 0)
+            if out.then is not None and version != tracking.SPOOLED:  # `then` reads the registry
+                look_back(cfg, run_id, spec.name, version, out.then)
+            tracking.end_run(cfg, run_id)
+        except BaseException:  # the run ends FAILED: `@latest` must not point at its version
+            tracking.withdraw(cfg, name, version)
+            raise
     return StageResult(stage=spec.name, model=name, version=version, run_id=run_id, eval_accuracy=out.eval_accuracy,
                        wall_s=time.perf_counter() - t0)
+
+
+def look_back(cfg: PipelineConfig, run_id: str, stage: str, version: str, then) -> None:
+    """The end-of-run look-back (the version comparison) reads what was trained: when it fails,
+    the model is still good and stays registered; the failure is one error line and a tag."""
+    try:
+        then(run_id)
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        log.error(f"{stage}: the end-of-run look-back failed ({message}); version {version} is registered, "
+                  f"its comparison report is missing")
+        tracking.set_tags(cfg, run_id, {"hindsight.lookback_error": message[:5000]})

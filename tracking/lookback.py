@@ -8,6 +8,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from hindsight.config import PipelineConfig
+from hindsight.data.chat import display_prompt
 from hindsight.errors import ConfigError
 from hindsight.scoring.evaluate import judge
 from hindsight.state.fsutil import atomic_write_bytes
@@ -36,7 +37,8 @@ def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Pa
                                    worker, cfg.rl.reward_timeout_s, cfg.rl.reward_fallback)
         del model
     out = cfg.root / "rl" / "reports" / "versions.html"
-    atomic_write_bytes(out, render_versions_report(cfg.name, [r["prompt"] for r in rows], answers).encode("utf-8"))
+    prompts = [display_prompt(r["prompt"]) for r in rows]  # chat prompts are turns, not text
+    atomic_write_bytes(out, render_versions_report(cfg.name, prompts, answers).encode("utf-8"))
     return out
 
 

@@ -30,6 +30,17 @@ def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name
 SPOOLED = "spooled"  # the version of a registration waiting in the spool
 
 
+def withdraw(cfg: PipelineConfig, model_name: str, version: str) -> None:
+    """Delete a version registered by a run that then failed: MLflow resolves `@latest` to the
+    newest version, so deleting it moves `@latest` back to the version before."""
+    if version == SPOOLED:
+        return
+    try:
+        client(cfg).delete_model_version(model_name, version)
+    except MlflowException:  # already gone, or the server went down: the FAILED run's tag says why
+        pass
+
+
 def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
     """`models:/NAME@ALIAS` or `models:/NAME/VERSION` -> (local folder, 'NAME/VERSION').
 

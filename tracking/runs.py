@@ -3,6 +3,8 @@ data version, git commit, library versions), tags, artifacts and its end. A proc
 a run it started RUNNING."""
 from __future__ import annotations
 
+import json
+
 import atexit
 import subprocess
 import sys
@@ -82,6 +84,16 @@ def set_tags(cfg: PipelineConfig, run_id: str, tags: dict[str, str]) -> None:
     tags = {k: str(v) for k, v in tags.items()}
     write(cfg, run_id, "tags", lambda: client(cfg).log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()]),
            tags=tags)
+
+
+def log_decoding(cfg: PipelineConfig, run_id: str, record: dict) -> None:
+    """The decoding a stage used (end tokens, settings, what the checkpoint asked for and did not
+    get) as the tag `hindsight.decoding`, and one line on the console."""
+    from hindsight.console import say
+    from hindsight.rollout.decoding import describe
+
+    set_tags(cfg, run_id, {"hindsight.decoding": json.dumps(record, sort_keys=True)})
+    say(describe(record))
 
 
 def log_json(cfg: PipelineConfig, run_id: str, obj, artifact_file: str) -> None:

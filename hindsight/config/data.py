@@ -3,22 +3,65 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hindsight.config.base import RewardSpec, Strict
+
+
+# DataConfig field -> the columns each stage needs in that file
+FILES = {"prompts": ("prompt",), "eval": ("prompt",), "sft": ("prompt", "completion"),
+         "prefs": ("prompt", "chosen", "rejected")}
 
 
 class DataConfig(Strict):
     dir: str = "data"
     dvc_file: str | None = "data.dvc"
-    build_demo: bool = Field(True, description="regenerate the demo data when data/ is missing")
+    build_demo: bool = Field(True, description="build the demo data into data.dir when the config reads the demo's "
+                                               "files and they are missing (never into a folder holding other files)")
     prompts: str = "data/prompts.jsonl"
     eval: str = "data/eval.jsonl"
     sft: str = "data/sft.jsonl"
     prefs: str = "data/prefs.jsonl"
-    columns: dict[str, str] = Field(default_factory=dict, description="rename source columns, e.g. question: prompt")
+    columns: dict[str, str | dict[str, str]] = Field(
+        default_factory=dict, description="rename source columns: for every file (question: prompt), or for one "
+                                          "file under its name (sft: {answer: completion}), which wins over the former")
+    prompt_format: Literal["as_is", "chat"] = Field(
+        "as_is", description="chat: a plain-text prompt becomes a user turn of the model's chat template, and a "
+                             "plain completion, chosen or rejected text the assistant's turn (TRL's conversational "
+                             "format), in every stage; as_is: text is prompted as it is")
+    system_prompt: str | None = Field(None, description="prompt_format chat: a system turn before every prompt "
+                                                        "that has none")
     split: str = "train"
     eval_split: str = "test"
+
+    @field_validator("columns")
+    @classmethod
+    def _per_file(cls, value: dict) -> dict:
+        for key, mapping in value.items():
+            if isinstance(mapping, dict) and key not in FILES:
+                raise ValueError(f"columns.{key}: a mapping for one file goes under the file's name, one of "
+                                 f"{sorted(FILES)}; a plain rename is `source: target`")
+        return value
+
+    @model_validator(mode="after")
+    def _system_needs_chat(self):
+        if self.system_prompt is not None and self.prompt_format != "chat":
+            raise ValueError("system_prompt is a chat turn: set data.prompt_format: chat as well")
+        return self
+
+    def columns_for(self, name: str) -> dict[str, str]:
+        """The renames applied to file `name`: the ones for every file, then its own."""
+        every = {k: v for k, v in self.columns.items() if isinstance(v, str)}
+        own = self.columns.get(name)
+        return {**every, **own} if isinstance(own, dict) else every
+
+    def reading(self, name: str, limit: int | None = None) -> dict:
+        """`load_rows`' arguments for file `name` (prompts, eval, sft, prefs): plain values, so a
+        launched trainer gets them too."""
+        return {"source": getattr(self, name), "required": FILES[name],
+                "split": self.eval_split if name == "eval" else self.split,
+                "columns": self.columns_for(name) or None, "limit": limit,
+                "chat": {"system": self.system_prompt} if self.prompt_format == "chat" else None}
 
 
 class ModelConfig(Strict):

@@ -30,6 +30,7 @@ from hindsight.lookback.alerts import Alert, AlertMonitor
 from hindsight.lookback.history import MetricsLog, truncate_rows_after
 from hindsight.lookback.metrics import peak_memory, rollout_metrics
 from hindsight.models.load import load_tokenizer
+from hindsight.rollout.decoding import decoding_record
 from hindsight.scoring.rewards import check_reward, reward_source_hash
 from hindsight.state.checkpoint import CheckpointManager, checkpoint_due
 from hindsight.state.fingerprint import run_fingerprint
@@ -45,7 +46,7 @@ class RLRun:
         self.init_path = init_path
         self.store = RolloutStore(self.dir)
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep_last=self.rl.keep_checkpoints)
-        rows = load_rows(cfg.data.prompts, required=("prompt",), split=cfg.data.split, columns=cfg.data.columns or None)
+        rows = load_rows(**cfg.data.reading("prompts"))
         self.tok = load_tokenizer(init_path)
         for call in self.rl.rewards:
             check_reward(call.fn, call.args)  # an unimportable reward, or one that cannot run here, fails now
@@ -66,6 +67,8 @@ class RLRun:
         self.rollouts = Rollouts(cfg, self.learner.policy, self.learner.policy_path, init_path, self.tok, self.store,
                                  self.ledger, self.prompts, version=self.start_step)
         self.scorers = Scorers(cfg, init_path, rm_path, self.learner.policy, pad_id, self.store, self.dir)
+        self.decoding = decoding_record(self.tok, self.learner.policy, cfg.eval, self.rl.rollout)
+        atomic_write_json(self.dir / "decoding.json", self.decoding)
         self.rollouts.start(self.scorers, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
 
         self._regenerated: dict[int, int] = {}  # corrupt shards generated again, per step

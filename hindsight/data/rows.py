@@ -5,7 +5,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from hindsight.data.chat import normalise_row
+from hindsight.data.chat import as_chat, format_of, normalise_row
 from hindsight.errors import DataError
 
 
@@ -42,11 +42,13 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
 
 
 def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
-              columns: dict[str, str] | None = None, limit: int | None = None) -> list[dict]:
+              columns: dict[str, str] | None = None, limit: int | None = None, chat: dict | None = None) -> list[dict]:
     """Load a local .jsonl/.parquet file or a hub dataset (`hf://name[:config]`).
 
     `columns` renames source columns to the names the stage expects, so GSM8K's
-    `question`/`answer` can feed `prompt`/`answer` without a conversion step.
+    `question`/`answer` can feed `prompt`/`answer` without a conversion step. `chat`
+    ({"system": text or None}) turns plain-text columns into chat turns (`data.prompt_format`).
+    `DataConfig.reading(name)` gives all of these for one of the config's files.
     """
     if source.startswith("hf://"):
         rows = _load_hub_rows(source.removeprefix("hf://"), split)
@@ -57,6 +59,8 @@ def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
     if columns:
         rows = [{columns.get(k, k): v for k, v in r.items()} for r in rows]
     rows = [normalise_row(r, required) for r in rows]  # conversational columns -> the ones asked for
+    if chat is not None:
+        rows = [as_chat(r, required, chat.get("system")) for r in rows]
     for i, row in enumerate(rows):
         where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
         missing = [c for c in required if c not in row]
@@ -65,6 +69,26 @@ def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
         for column in required:
             _check_text(row[column], f"{where}: column {column!r}")
     return rows[:limit] if limit else rows
+
+
+def format_mismatch(cfg) -> str | None:
+    """When RL starts from the SFT stage's model, SFT's prompts and the RL and eval prompts
+    must be in one format: a policy trained on chat turns and prompted with plain text (or the
+    reverse) answers garbage. Returns the warning that names both, or None."""
+    if not cfg.sft.enabled or cfg.rl.init is not None:
+        return None
+    d = cfg.data
+    try:
+        trained = format_of(load_rows(**d.reading("sft", limit=1)))
+    except DataError:  # not this stage's file: its own stage reports it
+        return None
+    formats = {name: format_of(load_rows(**d.reading(name, limit=1))) for name in ("prompts", "eval")}
+    off = [f"data.{name} ({getattr(d, name)}) {fmt}" for name, fmt in formats.items() if fmt != trained]
+    if not off:
+        return None
+    return (f"SFT trained on {trained} prompts (data.sft: {d.sft}) but {' and '.join(off)}: the policy is prompted in "
+            f"a format it was not trained on; set data.prompt_format: chat to make plain-text prompts user turns, or "
+            f"give every file the same format")
 
 
 def _check_text(value, where: str) -> None:

@@ -21,16 +21,17 @@ def _lora_config(lora):
                       target_modules=lora.target_modules, task_type="CAUSAL_LM")
 
 
-def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float, epochs: float,
+def train_sft(model_path: str, data: dict, out_dir: str | Path, *, lr: float, epochs: float,
               batch_size: int, max_length: int, seed: int, lora=None, max_steps: int = -1,
-              log=None, columns: dict | None = None, gradient_checkpointing: bool = False) -> dict:
-    """Fine-tune on prompt/completion demonstrations; returns the final training metrics."""
+              log=None, gradient_checkpointing: bool = False) -> dict:
+    """Fine-tune on prompt/completion demonstrations (`data`: `DataConfig.reading("sft")`);
+    returns the final training metrics."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     from hindsight.models.load import load_causal_lm, load_tokenizer
 
-    rows = load_rows(data_path, required=("prompt", "completion"), columns=columns)
+    rows = load_rows(**data)
     dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]).shuffle(seed=seed)
     tok = load_tokenizer(model_path)
     args = SFTConfig(
@@ -55,17 +56,17 @@ def train_sft(model_path: str, data_path: str, out_dir: str | Path, *, lr: float
     return {"train/loss": float(result.training_loss)}
 
 
-def train_reward_model(model_path: str, data_path: str, out_dir: str | Path, *, lr: float,
+def train_reward_model(model_path: str, data: dict, out_dir: str | Path, *, lr: float,
                        epochs: float, batch_size: int, max_length: int, seed: int,
-                       max_steps: int = -1, log=None, columns: dict | None = None,
-                       gradient_checkpointing: bool = False) -> dict:
-    """Pairwise (Bradley-Terry) reward model on prompt/chosen/rejected pairs."""
+                       max_steps: int = -1, log=None, gradient_checkpointing: bool = False) -> dict:
+    """Pairwise (Bradley-Terry) reward model on prompt/chosen/rejected pairs (`data`:
+    `DataConfig.reading("prefs")`)."""
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
     from hindsight.models.load import load_reward_model, load_tokenizer
 
-    rows = load_rows(data_path, required=("prompt", "chosen", "rejected"), columns=columns)
+    rows = load_rows(**data)
     dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows]).shuffle(seed=seed)
     tok = load_tokenizer(model_path)
     from transformers import set_seed

@@ -26,7 +26,7 @@ import torch
 from hindsight.data.chat import prompt_text
 from hindsight.experience import Experience, pad_left
 from hindsight.logprobs import budgeted_logprobs, cache_kwargs, model_device, output_cache, position_ids
-from hindsight.rollout.greedy import completion_mask
+from hindsight.rollout.decoding import completion_mask, end_token_ids
 
 
 def gumbel_noise(generators: list[torch.Generator], rows: int, vocab: int) -> torch.Tensor:
@@ -47,7 +47,7 @@ def nucleus_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(outside_orig, float("-inf"))
 
 
-def pick_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def pick_tokens(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float, top_p: float) -> torch.Tensor:
     """(B,) sampled token ids: Gumbel-max over the tempered, nucleus-filtered logits (B, V)."""
     if temperature <= 0:  # greedy
         return logits.argmax(-1)
@@ -58,10 +58,13 @@ def pick_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, t
 def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: int, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, logprobs: str = "forward",
                   budget: int | None = None) -> Experience:
-    """Sample `group_size` completions of each prompt; group i uses seeds[i]. Rows come out in
-    groups, prompts left-padded and completions right-padded, as `generate` returns them. The
-    behaviour log-probs' forward runs `budget` padded tokens at a time (rl.micro_batch_tokens)."""
+    """Sample `group_size` completions of each prompt; group i uses seeds[i]; temperature 0 is
+    greedy (evaluation). Rows come out in groups, prompts left-padded and completions
+    right-padded, as `generate` returns them. A row ends at any of the model's end tokens
+    (`decoding.end_token_ids`). The behaviour log-probs' forward runs `budget` padded tokens at a
+    time (rl.micro_batch_tokens)."""
     dev = model_device(model)
+    stops = torch.tensor(end_token_ids(tok, model), device=dev)                    # (E,)
     seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
     was_training = model.training
@@ -78,13 +81,13 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     tokens, decoded = [], []
     scale = temperature if temperature > 0 else 1.0
     for t in range(max_new_tokens):
-        noise = gumbel_noise(gens, group_size, logits.size(-1))                     # (B, V)
+        noise = gumbel_noise(gens, group_size, logits.size(-1)) if temperature > 0 else None  # (B, V)
         nxt = pick_tokens(logits, noise, temperature, top_p)                        # (B,)
         nxt = nxt.masked_fill(done, tok.pad_token_id)
         tokens.append(nxt)
         if logprobs == "decode":
             decoded.append(torch.log_softmax(logits.float() / scale, -1).gather(-1, nxt[:, None]).squeeze(-1))  # (B,)
-        done |= nxt == tok.eos_token_id
+        done |= torch.isin(nxt, stops)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)               # (B, L+t+1)
@@ -92,7 +95,7 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
         out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, **cache_kwargs(model, cache))
         logits = out.logits[:, -1]                                                  # (B, V)
     completion_ids = torch.stack(tokens, dim=1).cpu()                               # (B, T')
-    cmask = completion_mask(completion_ids, tok.eos_token_id)                       # (B, T')
+    cmask = completion_mask(completion_ids, stops.tolist())                         # (B, T')
     completion_ids = completion_ids.masked_fill(cmask == 0, tok.pad_token_id)
     prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
     if logprobs == "decode":

@@ -56,12 +56,15 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
-                 top_p: float, seed: int) -> Experience:
+                 top_p: float, seed: int, stop_ids: tuple[int, ...] = ()) -> Experience:
         """Sample `group_size` completions per prompt; returns the same Experience as the hf backend."""
         from vllm import SamplingParams
 
-        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                logprobs=0, seed=seed)
+        # every setting explicit, and the stop set the hf sampler uses: nothing from the checkpoint's
+        # generation config (vLLM reads it only through get_default_sampling_params, not called here)
+        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, top_k=-1, min_p=0.0,
+                                repetition_penalty=1.0, max_tokens=max_new_tokens, logprobs=0, seed=seed,
+                                stop_token_ids=list(stop_ids))
         seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
         outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         prompt_rows, completions, logprobs = [], [], []

@@ -17,6 +17,7 @@ from hindsight.data.chat import is_conversation, prompt_text
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.logprobs import budgeted_logprobs
+from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.hf import sample_groups
 from hindsight.state.store import RolloutStore
 
@@ -142,6 +143,7 @@ class RolloutWorker:
         prompt_ids = [[t for t, keep in zip(ids, mask) if keep]
                       for ids, mask in zip(exp.prompt_ids.tolist(), exp.prompt_mask.tolist())]
         prompt, conversational = prompt_text(self.tok, src["prompt"]), is_conversation(src["prompt"])
+        stops = set(end_token_ids(self.tok, self.policy))
         rows = []
         for j in range(len(exp)):
             n = lengths[j]
@@ -152,7 +154,7 @@ class RolloutWorker:
                 "completion": texts[j], "weights_version": self.version,
                 "prompt_ids": prompt_ids[j], "completion_ids": completions[j][:n], "logprobs": logprobs[j][:n],
                 "engine_logprobs": engine[j][:n] if engine is not None else None,
-                "ended_with_eos": bool(n and completions[j][n - 1] == self.tok.eos_token_id),
+                "ended_with_eos": bool(n and completions[j][n - 1] in stops),
                 "columns": columns,
             })
         return rows
@@ -168,7 +170,8 @@ class RolloutWorker:
         if self.engine_stale:  # the policy moved since the engine last saw it
             self.engine.load_weights(self.policy)
             self.engine_stale = False
-        return self.engine.generate(self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed)
+        return self.engine.generate(self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed,
+                                    stop_ids=end_token_ids(self.tok, self.policy))
 
     def _learner_logprobs(self, exp: Experience) -> Experience:
         """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as

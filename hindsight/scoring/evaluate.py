@@ -1,5 +1,8 @@
 """Held-out accuracy: greedy answers to eval prompts, judged by a reward function (score >= 1).
 
+The answers are decoded by the RL sampler at temperature 0 (`rollout.decoding`): the same end
+tokens as training, and no setting taken from the checkpoint's generation config.
+
 The judge goes through the same guarded scoring as training rewards (`score_completions`):
 TRL's keyword contract, a timeout in the reward worker, and the fallback when it fails.
 """
@@ -12,7 +15,8 @@ import torch
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
 from hindsight.models.load import load_causal_lm, load_tokenizer
-from hindsight.rollout.greedy import generate
+from hindsight.rollout.decoding import decoding_record
+from hindsight.rollout.hf import sample_groups
 from hindsight.scoring.guarded import RewardWorker
 from hindsight.scoring.rewards import score_completions
 
@@ -24,7 +28,8 @@ def greedy_answers(model, tok, prompts: list[str], max_new_tokens: int,
     texts: list[str] = []
     ids: list[list[int]] = []
     for i in range(0, len(prompts), batch_size):
-        exp = generate(model, tok, prompts[i:i + batch_size], 1, max_new_tokens, do_sample=False)
+        chunk = prompts[i:i + batch_size]
+        exp = sample_groups(model, tok, chunk, [0] * len(chunk), 1, max_new_tokens, temperature=0.0, logprobs="decode")
         texts.extend(tok.batch_decode(exp.completion_ids, skip_special_tokens=True))
         ids.extend(row[m.bool()].tolist() for row, m in zip(exp.completion_ids, exp.completion_mask))
     return texts, ids
@@ -48,8 +53,7 @@ def accuracy(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int
 
 
 def eval_rows(cfg: PipelineConfig) -> list[dict]:
-    return load_rows(cfg.data.eval, required=("prompt",), split=cfg.data.eval_split,
-                     columns=cfg.data.columns or None, limit=cfg.eval.limit)
+    return load_rows(**cfg.data.reading("eval", limit=cfg.eval.limit))
 
 
 def evaluate_model(cfg: PipelineConfig, model, tok, worker=None) -> float:
@@ -75,5 +79,7 @@ def judge_worker(cfg: PipelineConfig, worker=None):
         own.close()
 
 
-def evaluate_path(cfg: PipelineConfig, path: str) -> float:
-    return evaluate_model(cfg, load_causal_lm(path, cfg.model.dtype), load_tokenizer(path))
+def evaluate_path(cfg: PipelineConfig, path: str) -> tuple[float, dict]:
+    """The accuracy of the model in folder `path`, and the decoding it was measured with."""
+    model, tok = load_causal_lm(path, cfg.model.dtype), load_tokenizer(path)
+    return evaluate_model(cfg, model, tok), decoding_record(tok, model, cfg.eval)

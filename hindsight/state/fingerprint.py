@@ -32,7 +32,8 @@ def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash) -> di
     rollout = {k: v for k, v in dumped["rollout"].items() if k != "vllm"}
     return {
         "sampling": {"init": init_path, "prompts": d.prompts, "prompts_sha256": file_sha256(d.prompts),
-                     "split": d.split, "columns": d.columns, "seed": cfg.seed,
+                     "split": d.split, "columns": d.columns_for("prompts"), "prompt_format": d.prompt_format,
+                     "system_prompt": d.system_prompt, "seed": cfg.seed,
                      "samples_per_prompt": rl.samples_per_prompt, "prompts_per_step": rl.prompts_per_step,
                      "dynamic_sampling": dumped["dynamic_sampling"], "replay": dumped["replay"],
                      "rollout": rollout, "max_staleness": rl.async_.max_staleness},

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from hindsight.config import DataConfig
 from hindsight.data.chat import normalise_row, prompt_text
 from hindsight.data.rows import load_rows
 from hindsight.models.load import load_tokenizer
@@ -55,14 +56,16 @@ def test_sft_and_the_reward_model_train_on_conversations_through_trl(chat_model,
     from hindsight.learning.trainers import train_reward_model, train_sft
 
     sft_rows = [{"messages": _conversation(a, b, a + b)} for a in range(8) for b in range(4)]
-    out = train_sft(chat_model, _write(tmp_path / "sft.jsonl", sft_rows), tmp_path / "sft", lr=1e-3, epochs=1,
+    sft = DataConfig(sft=_write(tmp_path / "sft.jsonl", sft_rows)).reading("sft")
+    out = train_sft(chat_model, sft, tmp_path / "sft", lr=1e-3, epochs=1,
                     batch_size=8, max_length=48, seed=0, max_steps=2)
     assert out["train/loss"] > 0 and (tmp_path / "sft" / "model.safetensors").exists()
     # what TRL is handed is conversational, so TRL applies the template (its own test, not ours)
     assert is_conversational(load_rows(str(tmp_path / "sft.jsonl"), required=("prompt", "completion"))[0])
     prefs = [{"chosen": _conversation(a, b, a + b), "rejected": _conversation(a, b, a + b + 1)}
              for a in range(8) for b in range(4)]
-    out = train_reward_model(chat_model, _write(tmp_path / "prefs.jsonl", prefs), tmp_path / "rm", lr=1e-3, epochs=1,
+    pairs = DataConfig(prefs=_write(tmp_path / "prefs.jsonl", prefs)).reading("prefs")
+    out = train_reward_model(chat_model, pairs, tmp_path / "rm", lr=1e-3, epochs=1,
                              batch_size=8, max_length=48, seed=0, max_steps=2)
     assert out["train/loss"] > 0 and (tmp_path / "rm" / "model.safetensors").exists()
     assert is_conversational(load_rows(str(tmp_path / "prefs.jsonl"), required=("prompt", "chosen", "rejected"))[0])
@@ -101,3 +104,76 @@ def test_rl_samples_from_the_template_and_rewards_see_messages(chat_model, tmp_p
     run.update(0)
     assert 0.0 <= accuracy(run.policy, tok, load_rows(prompts, required=("prompt",)), "rewards.exact:exact_answer", 3)[0] <= 1
     run.close()
+
+
+# --- data.prompt_format: chat, and per-file column mappings ------------------------------------------
+
+def _gsm8k(tmp_path):
+    rows = [{"question": "Ann has 40 pens and gets 13 more. How many pens?", "answer": "40 + 13 = 53\n#### 53"},
+            {"question": "Bob has 10 cats and finds 2 more. How many cats?", "answer": "10 + 2 = 12\n#### 12"}]
+    return _write(tmp_path / "gsm8k.jsonl", rows)
+
+
+def test_plain_text_prompts_become_user_turns_of_the_chat_template(tmp_path):
+    from hindsight.models.tiny import build_chatml_tokenizer
+
+    path = _gsm8k(tmp_path)
+    d = DataConfig(prompts=path, columns={"prompts": {"question": "prompt"}}, prompt_format="chat",
+                   system_prompt="Solve it. End with #### N.")
+    rows = load_rows(**d.reading("prompts"))
+    assert rows[0]["prompt"] == [{"role": "system", "content": "Solve it. End with #### N."},
+                                 {"role": "user", "content": "Ann has 40 pens and gets 13 more. How many pens?"}]
+    assert rows[0]["answer"].endswith("#### 53")  # the reward's column is left alone
+    text = prompt_text(build_chatml_tokenizer(), rows[0]["prompt"])
+    assert text.startswith("<|im_start|>system\nSolve it.") and text.endswith("<|im_start|>assistant\n")
+    plain = load_rows(**DataConfig(prompts=path, columns={"question": "prompt"}).reading("prompts"))
+    assert plain[0]["prompt"] == "Ann has 40 pens and gets 13 more. How many pens?"  # as_is: the default
+
+
+def test_chat_format_makes_sft_and_preference_texts_assistant_turns(tmp_path):
+    sft = _write(tmp_path / "sft.jsonl", [{"prompt": "Q: 1+1?", "completion": "2"}])
+    prefs = _write(tmp_path / "prefs.jsonl", [{"prompt": "Q: 1+1?", "chosen": "2", "rejected": "3"}])
+    d = DataConfig(sft=sft, prefs=prefs, prompt_format="chat")
+    row = load_rows(**d.reading("sft"))[0]
+    assert row["prompt"] == [{"role": "user", "content": "Q: 1+1?"}]
+    assert row["completion"] == [{"role": "assistant", "content": "2"}]
+    pair = load_rows(**d.reading("prefs"))[0]
+    assert pair["chosen"] == [{"role": "assistant", "content": "2"}] and pair["rejected"][0]["content"] == "3"
+
+
+def test_a_per_file_mapping_cannot_empty_another_files_column(tmp_path):
+    """The reported failure: `answer: completion` for SFT also renamed the RL rows' `answer`, so
+    the reward lost its column. Under the file's name it applies to that file only."""
+    path = _gsm8k(tmp_path)
+    d = DataConfig(prompts=path, sft=path, columns={"sft": {"question": "prompt", "answer": "completion"},
+                                                    "prompts": {"question": "prompt"}})
+    assert "answer" in load_rows(**d.reading("prompts"))[0]
+    assert load_rows(**d.reading("sft"))[0]["completion"].endswith("#### 53")
+    both = DataConfig(columns={"question": "prompt", "sft": {"answer": "completion"}})
+    assert both.columns_for("sft") == {"question": "prompt", "answer": "completion"}
+    assert both.columns_for("prompts") == {"question": "prompt"}
+
+
+def test_a_mapping_under_a_name_that_is_no_file_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="columns.rl: a mapping for one file goes under the file's name"):
+        DataConfig(columns={"rl": {"question": "prompt"}})
+    with pytest.raises(ValidationError, match="set data.prompt_format: chat"):
+        DataConfig(system_prompt="be brief")
+
+
+def test_sft_on_conversations_and_plain_rl_prompts_give_one_warning_naming_both(tmp_path):
+    from hindsight.config import PipelineConfig
+    from hindsight.data.rows import format_mismatch
+
+    sft = _write(tmp_path / "sft.jsonl", [{"messages": _conversation(1, 2, 3)}])
+    path = _gsm8k(tmp_path)
+    base = {"data": {"sft": sft, "prompts": path, "eval": path, "columns": {"question": "prompt"}}}
+    warning = format_mismatch(PipelineConfig.model_validate(base))
+    assert warning.startswith(f"SFT trained on chat prompts (data.sft: {sft}) but data.prompts ({path}) text and "
+                              f"data.eval ({path}) text") and "data.prompt_format: chat" in warning
+    chat = {"data": {**base["data"], "prompt_format": "chat"}}
+    assert format_mismatch(PipelineConfig.model_validate(chat)) is None
+    # RL from a model of the user's own (not SFT's output): nothing to compare against
+    assert format_mismatch(PipelineConfig.model_validate({**base, "rl": {"init": "tiny://qwen2"}})) is None

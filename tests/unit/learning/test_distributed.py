@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hindsight.config import ConfigError, load_config
+from hindsight.config import ConfigError, DataConfig, load_config
 from hindsight.data.demo import build_demo_data
 from hindsight.learning.launch import launch_command, run_trainer
 from hindsight.models.tiny import build_tiny_model
@@ -19,9 +19,13 @@ def setup(tmp_path_factory):
     return work, str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
 
 
+FILE = {"sft.jsonl": "sft", "prefs.jsonl": "prefs"}  # the data file -> its DataConfig field
+
+
 def train(work, init, stage, out, processes, batch_size, data="sft.jsonl"):
     logged = []
-    kwargs = dict(model_path=init, data_path=str(work / "data" / data), out_dir=str(work / out), lr=1e-3, epochs=1.0,
+    reading = DataConfig(**{FILE[data]: str(work / "data" / data)}).reading(FILE[data])
+    kwargs = dict(model_path=init, data=reading, out_dir=str(work / out), lr=1e-3, epochs=1.0,
                   batch_size=batch_size, max_length=48, seed=0, max_steps=4)
     if stage == "sft":
         kwargs["lora"] = None

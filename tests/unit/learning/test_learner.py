@@ -5,18 +5,19 @@ from hindsight.learning.algorithms.losses import LossSettings
 from hindsight.learning.update import LearnerSettings, update
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.models.tiny import build_tiny_model
-from hindsight.rollout.greedy import completion_mask, generate
+from hindsight.rollout.decoding import completion_mask
+from hindsight.rollout.hf import sample_groups
 
 
 def test_completion_mask_stops_after_first_eos():
     ids = torch.tensor([[5, 1, 7, 1], [5, 6, 7, 8]])
-    assert completion_mask(ids, eos_id=1).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert completion_mask(ids, 1).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
 
 
 def test_second_iteration_uses_stored_behaviour_logprobs(tmp_path):
     path = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
     model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
-    exp = generate(model, tok, ["Ann has 40 pens", "Bob has 10 cats"], group_size=4, max_new_tokens=4, seed=0)
+    exp = sample_groups(model, tok, ["Ann has 40 pens", "Bob has 10 cats"], [0, 1], 4, 4)
     exp.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     metrics = update(model, opt, exp, LearnerSettings(num_iterations=2, loss=LossSettings(kl_coef=0.0)))

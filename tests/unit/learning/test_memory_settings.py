@@ -13,14 +13,14 @@ from hindsight.learning.build import build_optimizer, build_policy
 from hindsight.learning.update import LearnerSettings, update
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.models.tiny import build_tiny_model
-from hindsight.rollout.greedy import generate
+from hindsight.rollout.hf import sample_groups
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("m") / "m", hidden=32, layers=2, heads=2)
     model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
-    exp = generate(model, tok, ["Ann has 40 pens", "Bob has 10 cats"], group_size=4, max_new_tokens=6, seed=1)
+    exp = sample_groups(model, tok, ["Ann has 40 pens", "Bob has 10 cats"], [1, 2], 4, 6)
     exp.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.5])
     return str(path), exp
 

@@ -15,7 +15,7 @@ from hindsight.learning.update import LearnerSettings, update
 from hindsight.learning.algorithms.losses import LossSettings, aggregate
 from hindsight.models.load import load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.models.tiny import build_tiny_model
-from hindsight.rollout.greedy import generate
+from hindsight.rollout.hf import sample_groups
 
 PROMPTS = ["Ann has 40 pens and gets 13 more.", "Bob has 10 cats", "Cal finds 7 more keys now? A:", "Dee"]
 
@@ -24,7 +24,7 @@ PROMPTS = ["Ann has 40 pens and gets 13 more.", "Bob has 10 cats", "Cal finds 7 
 def batch(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("m") / "m", hidden=32, layers=2, heads=2)
     model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
-    exp = generate(model, tok, PROMPTS, group_size=4, max_new_tokens=8, seed=3)
+    exp = sample_groups(model, tok, PROMPTS, [3] * len(PROMPTS), 4, 8)
     ends = torch.tensor([8, 3, 5, 2, 7, 8, 1, 4, 6, 2, 3, 8, 5, 5, 2, 7])  # as if each row met EOS there
     cut = torch.arange(8)[None, :] >= ends[:, None]                       # (B, T)
     exp.completion_mask[cut] = 0

@@ -11,7 +11,7 @@ from hindsight.errors import ConfigError
 from hindsight.models.tiny import build_tiny_model
 from hindsight.coordination.run import RLRun
 from hindsight.rollout import vllm as vllm_backend
-from hindsight.rollout.greedy import generate
+from hindsight.rollout.hf import sample_groups
 
 
 def test_experience_from_samples_pads_like_the_hf_backend():
@@ -43,9 +43,10 @@ class StandInEngine:
         self.model.load_state_dict(policy.state_dict())
         self.loads += 1
 
-    def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed):
-        self.calls.append((group_size, max_new_tokens, temperature, top_p, seed))
-        return generate(self.model, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed=seed)
+    def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids=()):
+        self.calls.append((group_size, max_new_tokens, temperature, top_p, seed, tuple(stop_ids)))
+        return sample_groups(self.model, tok, prompts, [seed] * len(prompts), group_size, max_new_tokens, temperature,
+                             top_p, logprobs="decode")
 
 
 def varied(completions, **_):
@@ -87,8 +88,8 @@ class NucleusEngine(StandInEngine):
     are with top_p < 1: each one log(1 / 0.72) above the model's own."""
     MASS = 0.72
 
-    def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed):
-        exp = super().generate(tok, prompts, group_size, max_new_tokens, temperature, top_p, seed)
+    def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids=()):
+        exp = super().generate(tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids)
         exp.logprobs = (exp.logprobs - torch.log(torch.tensor(self.MASS))) * exp.completion_mask
         return exp
 
