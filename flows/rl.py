@@ -14,6 +14,7 @@ from hindsight.state.checkpoint import checkpoint_spans
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.data.rows import format_mismatch
+from hindsight.models.lora import export_adapter, export_merged
 from hindsight.errors import AlertStop
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
@@ -48,10 +49,23 @@ def rl_story(ctx: StageContext) -> StageOutput:
             report = compare_versions(cfg, init_path, cfg.rl.init or model_uri(cfg, "sft"))
             tracking.log_artifact(cfg, run_id, report, "reports")
 
-    tags = {} if not cfg.rl.lora.enabled else {  # the registered folder is the adapter: say what it goes on
-        "hindsight.adapter": f"lora r={cfg.rl.lora.r} alpha={cfg.rl.lora.alpha}",
-        "hindsight.base_model": cfg.rl.init or model_uri(cfg, "sft"), "hindsight.base_path": init_path}
+    policy_dir, tags = _portable(cfg, policy_dir, init_path)
     return StageOutput(model_dir=policy_dir, eval_accuracy=final_acc, then=compare, tags=tags)
+
+
+def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
+    """What is registered loads from any directory: a LoRA policy's checkpoint is the adapter on a
+    relative cache folder, so it is merged into a plain model (`rl.lora.register: merged`) or
+    exported with its base named by a URI that resolves (`adapter`)."""
+    lora = cfg.rl.lora
+    if not lora.enabled:
+        return policy_dir, {}
+    export = cfg.root / "rl" / "export" / "policy"
+    tags = {"hindsight.adapter": f"lora r={lora.r} alpha={lora.alpha}", "hindsight.lora_register": lora.register}
+    if lora.register == "merged":
+        return export_merged(policy_dir, export), tags
+    base = tracking.base_reference(cfg, cfg.rl.init or model_uri(cfg, "sft"), init_path)
+    return export_adapter(policy_dir, export, base), {**tags, "hindsight.base_model": base}
 
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:

@@ -34,3 +34,8 @@ def tiny_init(tmp_path, **config):
             setattr(cfg, k, v)
         cfg.save_pretrained(path)
     return str(path)
+
+
+def half_fail(completions, **_):
+    """Fails (None, a non-score) on every other completion."""
+    return [None if i % 2 else 1.0 for i in range(len(completions))]

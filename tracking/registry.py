@@ -2,6 +2,7 @@
 `models:/NAME@ALIAS` (or a path, `tiny://`, a hub id) resolved to a local folder."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlflow
@@ -62,7 +63,7 @@ def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
         raise ConfigError(f"{field}: {uri} not found in the model registry at {c.tracking_uri} "
                              f"({exc.message.splitlines()[0]}); run the stage that produces it first") from None
     dst = Path(".hindsight") / "registry" / mv.name / str(mv.version)
-    if not (dst / "config.json").exists():
+    if not ((dst / "config.json").exists() or (dst / "adapter_config.json").exists()):
         dst.mkdir(parents=True, exist_ok=True)
         mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst))
         nested = dst / "checkpoint"
@@ -70,4 +71,29 @@ def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
             for p in nested.iterdir():
                 p.rename(dst / p.name)
             nested.rmdir()
+    _resolve_adapter_base(cfg, dst, field)
     return str(dst), f"{mv.name}/{mv.version}"
+
+
+def base_reference(cfg: PipelineConfig, uri: str, local_path: str) -> str:
+    """What an exported adapter names as its base, so that it resolves from anywhere: a registry
+    version as `models:/NAME/VERSION` (not `@latest`, which moves), a local or built-in model
+    as its absolute path, a hub id as it is."""
+    if uri.startswith("models:/"):
+        return "models:/" + resolve_model(cfg, uri, "rl.init")[1]
+    if uri.startswith("tiny://") or Path(local_path).exists():
+        return str(Path(local_path).resolve())
+    return uri
+
+
+def _resolve_adapter_base(cfg: PipelineConfig, folder: Path, field: str) -> None:
+    """A downloaded adapter whose base is a registry URI gets that base downloaded too, and its
+    local copy points at it, so `load_causal_lm` (which knows no registry) can load it."""
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    base = config.get("base_model_name_or_path", "")
+    if base.startswith("models:/"):
+        config["base_model_name_or_path"] = str(Path(resolve_model(cfg, base, field)[0]).resolve())
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -184,6 +184,9 @@ class RLConfig(Strict):
     rewards: list[RewardFnConfig] = Field(default_factory=lambda: [RewardFnConfig(fn="rewards.exact:exact_answer")])
     reward_model_weight: float = Field(0.0, ge=0, description="weight of the learned reward; 0 skips it")
     reward_fallback: float = Field(0.0, description="score given when a reward function fails")
+    reward_failure_stop: float = Field(1.0, gt=0, le=1, description="stop the run when one reward fails on at "
+                                       "least this share of a step's completions (1.0: on every one); each step "
+                                       "logs reward/failure_rate/<name>")
     reward_timeout_s: float = Field(60.0, gt=0, description="per call; a reward that overruns gets the fallback")
     reward_isolation: Literal["process", "inline"] = Field(
         "process", description="process: rewards run in a killable worker process; inline: in the trainer")

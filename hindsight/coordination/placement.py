@@ -22,6 +22,7 @@ from hindsight.state.ledger import Ledger
 from hindsight.coordination.roles import deal
 from hindsight.learning.group import LearnerPeer, broadcast_from_rank0, group_timeout, process_group_backend
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
+from hindsight.scoring.rewards import add_failures
 from hindsight.scoring.scorer import Scorer, score_batch
 
 log = logging.getLogger("hindsight.workers")
@@ -210,9 +211,9 @@ class RayScorerPool(_Pool):
         self.rl = rl
         super().__init__(ScorerActor, n, rl.workers, rl_dir, (rl, init_path, rm_path, dtype, str(rl_dir)))
 
-    def dispatch(self, step: int, groups: list[int], store) -> dict[str, int]:
+    def dispatch(self, step: int, groups: list[int], store) -> dict[str, list]:
         """Score every group (a part each); a dead scorer's unwritten groups go to its replacement."""
-        failures: dict[str, int] = {}
+        failures: dict[str, list] = {}
         todo = list(groups)
         while todo:
             calls, given = {}, {}
@@ -223,8 +224,7 @@ class RayScorerPool(_Pool):
                     given[actor_id] = share
             for actor_id, counts, why in self._run(calls):
                 if why is None:
-                    for name, n in counts.items():
-                        failures[name] = failures.get(name, 0) + n
+                    add_failures(failures, counts)
                     continue
                 written = [g for g in given[actor_id] if store.has_part("scores", step, g)]
                 self._replace(step, actor_id, why, written, [g for g in given[actor_id] if g not in written])

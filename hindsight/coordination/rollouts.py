@@ -177,6 +177,7 @@ class Rollouts:
         t0 = time.perf_counter()
         result = self.sampler.wait(step)
         self.scorers.count_failures(step, result["failures"])  # the sampler scores what it samples
+        self.scorers.count_scored(step, len(result["groups"]) * self.rl.samples_per_prompt)
         if result["groups"]:
             self.ledger.move(step, result["groups"], "sealed")
         info = self._rolled.pop(step)

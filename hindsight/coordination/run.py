@@ -22,7 +22,7 @@ from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
-from hindsight.errors import CheckpointError
+from hindsight.errors import CheckpointError, RewardError
 from hindsight.experience import advantage_rows, experience_from_rows
 from hindsight.faults import crash_point
 from hindsight.learning.learner import Learner
@@ -104,7 +104,11 @@ class RLRun:
         t0 = time.perf_counter()
         groups = sorted({r["group"] for r in self.store.read("rollouts", step)})
         self.scorers.score_groups(step, groups, self.store)
-        metrics = self.scorers.step_metrics(step)
+        try:
+            metrics = self.scorers.step_metrics(step)
+        except RewardError:  # scores that are the fallback throughout are not trained on, now or on a rerun
+            self.store.drop_parts("scores", step)
+            raise
         metrics["store/regenerated_shards"] = float(self._regenerated.pop(step, 0))
         metrics["time/score_s"] = time.perf_counter() - t0
         crash_point("score", step)

@@ -1,14 +1,17 @@
 """The scoring role as the RL run holds it: scorers in this process sharing the stage's models
 (the reference, the reward model and the guarded reward process), or a Ray pool of scorer
-actors; and the count of each reward's failures per step, until the step's metrics take them."""
+actors; and the count of each reward's failures per step, until the step's metrics take them: a
+reward that fails on (nearly) every completion stops the run (`rl.reward_failure_stop`)."""
 from __future__ import annotations
 
 from functools import partial
 
 from hindsight.coordination.roles import deal
+from hindsight.errors import RewardError
 from hindsight.models.lora import AdapterDisabled
 from hindsight.models.load import load_causal_lm, load_reward_model
 from hindsight.scoring.guarded import RewardWorker
+from hindsight.scoring.rewards import add_failures
 from hindsight.scoring.scorer import Scorer, score_batch
 
 
@@ -17,7 +20,8 @@ class Scorers:
         rl = self.rl = cfg.rl
         self.ref = self.rm = self.reward_worker = self.pool = None
         self.local: list[Scorer] = []
-        self._failures: dict[int, dict[str, int]] = {}
+        self._failures: dict[int, dict[str, list]] = {}  # step -> {reward: [failed calls, first failure]}
+        self._scored: dict[int, int] = {}                  # step -> completions scored in this process's calls
         if rl.workers.placement == "ray":  # the actors hold the reference, reward model and rewards
             from hindsight.coordination.placement import RayScorerPool
 
@@ -41,15 +45,25 @@ class Scorers:
             results = [s.score(step, share) for s, share in zip(self.local, deal(todo, len(self.local), unit)) if share]
         for failures in results:
             self.count_failures(step, failures)
+        self.count_scored(step, len(todo) * self.rl.samples_per_prompt)
 
-    def count_failures(self, step: int, failures: dict[str, int]) -> None:
-        counts = self._failures.setdefault(step, {})
-        for name, n in failures.items():
-            counts[name] = counts.get(name, 0) + n
+    def count_failures(self, step: int, failures: dict[str, list]) -> None:
+        add_failures(self._failures.setdefault(step, {}), failures)
+
+    def count_scored(self, step: int, completions: int) -> None:
+        self._scored[step] = self._scored.get(step, 0) + completions
 
     def step_metrics(self, step: int) -> dict:
-        """The step's reward failures, and (in this process) the seconds spent in rewards and models."""
-        metrics = {f"reward/failures/{k}": float(v) for k, v in self._failures.pop(step, {}).items()}
+        """The step's reward failures and failure rates, and (in this process) the seconds spent
+        in rewards and models. Raises when a reward failed on rl.reward_failure_stop of them."""
+        failures, scored = self._failures.pop(step, {}), self._scored.pop(step, 0)
+        metrics = {f"reward/failures/{k}": float(n) for k, (n, _) in failures.items()}
+        if scored:
+            metrics.update({f"reward/failure_rate/{k}": n / scored for k, (n, _) in failures.items()})
+        broken = failed_reward(failures, scored, self.rl.reward_failure_stop)
+        if broken:
+            raise RewardError(f"step {step}: {broken}; nothing is registered. Fix the reward or the columns it "
+                              f"reads (data.columns, per file), then rerun the same command")
         if self.local:
             metrics["time/compute/score_s"] = sum(s.compute_s for s in self.local)
             for s in self.local:
@@ -63,3 +77,12 @@ class Scorers:
             self.reward_worker.close()
         if self.pool is not None:
             self.pool.close()
+
+
+def failed_reward(failures: dict[str, list], scored: int, share: float) -> str | None:
+    """The first reward that failed on at least `share` of `scored` completions, described with
+    its first failure; None when every reward mostly works."""
+    for name, (n, error) in failures.items():
+        if scored and n >= share * scored:
+            return f"reward {name} failed on {n} of {scored} completions (rl.reward_failure_stop {share:g}): {error}"
+    return None

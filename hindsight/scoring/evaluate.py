@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import torch
 
 from hindsight.config import PipelineConfig
+from hindsight.errors import RewardError
 from hindsight.data.rows import load_rows
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.rollout.decoding import decoding_record
@@ -43,6 +44,10 @@ def judge(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int, w
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
     result = score_completions([(reward_spec, 1.0)], answers, columns, fallback, worker, timeout_s,
                                prompts=prompts, completion_ids=ids)
+    if answers and result.failures and max(result.failures.values()) >= len(answers):
+        (error,) = result.errors.values() or ["?"]
+        raise RewardError(f"eval.reward {reward_spec} failed on all {len(answers)} eval answers: {error}; an "
+                          f"accuracy from the fallback would mean nothing")
     return [(a, s >= 1.0) for a, s in zip(answers, result.total)]
 
 

@@ -17,6 +17,10 @@ class RewardCrashed(Exception):
     pass
 
 
+class RewardRaised(RuntimeError):
+    """The reward raised in the worker: the message is its own `Type: message`."""
+
+
 class RewardExited(Exception):
     """The reward called sys.exit(): reported like an inline reward's SystemExit."""
 
@@ -68,7 +72,7 @@ class RewardWorker:
             self.close(kill=True)
             raise RewardCrashed(f"reward {spec} killed its worker process") from None
         if status == "error":
-            raise RuntimeError(payload)
+            raise RewardRaised(payload)
         if status == "exit":
             raise RewardExited(payload)
         return payload

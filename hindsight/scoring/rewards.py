@@ -103,6 +103,19 @@ class ScoreResult:
     total: list[float]
     per_fn: dict[str, list[float]]
     failures: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # each failing reward's first failure, as one line
+
+    def failure_counts(self) -> dict[str, list]:
+        """{reward: [failed calls, first failure or None]}: plain data, summed over scorers by
+        `add_failures`, so the step can stop with the reward's own exception."""
+        return {name: [n, self.errors.get(name)] for name, n in self.failures.items()}
+
+
+def add_failures(total: dict[str, list], part: dict[str, list]) -> dict[str, list]:
+    for name, (n, error) in part.items():
+        count, first = total.get(name, (0, None))
+        total[name] = [count + n, first or error]
+    return total
 
 
 def score_completions(specs, completions: list[str], columns: dict[str, list], fallback: float = 0.0,
@@ -122,16 +135,19 @@ def score_completions(specs, completions: list[str], columns: dict[str, list], f
         batch["completion_ids"] = completion_ids
     per_fn: dict[str, list[float]] = {}
     failures: dict[str, int] = {}
+    errors: dict[str, str] = {}
     total = [0.0] * len(completions)
     for call in reward_calls(specs):
         fn = load_reward_fn(call.fn)  # import errors surface here, in the parent, as a config error
         if worker is not None:
             fn = _remote(worker, call.fn, timeout_s)
-        scores, n_failed = _call_reward(call.fn, fn, {**batch, **call.args}, fallback)
+        scores, n_failed, error = _call_reward(call.fn, fn, {**batch, **call.args}, fallback)
         per_fn[call.name] = scores
         failures[call.name] = n_failed
+        if error:
+            errors[call.name] = error
         total = [t + call.weight * s for t, s in zip(total, scores)]
-    return ScoreResult(total, per_fn, failures)
+    return ScoreResult(total, per_fn, failures, errors)
 
 
 def _remote(worker, spec: str, timeout_s: float):
@@ -145,9 +161,10 @@ def plain_result(raw):
     return tolist() if callable(tolist) and not isinstance(raw, (list, tuple, str, bytes, dict)) else raw
 
 
-def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int]:
-    """One reward call, inline or in the worker: both end in `validate_scores`."""
-    from hindsight.scoring.guarded import RewardExited
+def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int, str | None]:
+    """One reward call, inline or in the worker: both end in `validate_scores`. Returns the
+    scores, how many failed, and the first failure."""
+    from hindsight.scoring.guarded import RewardExited, RewardRaised
 
     completions = kwargs["completions"]
     try:
@@ -158,8 +175,16 @@ def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int]:
     except Exception as exc:  # the contract: a broken reward costs its scores, not the run
         log.warning("reward %s raised %s: %s (first completion: %r)", spec, type(exc).__name__, exc,
                     completions[0] if completions else None)
-        return [fallback] * len(completions), len(completions)
-    return validate_scores(spec, raw, completions, fallback)
+        cause = str(exc) if isinstance(exc, RewardRaised) else f"{type(exc).__name__}: {exc}"  # the same both ways
+        return [fallback] * len(completions), len(completions), f"raised {cause}"[:500]
+    scores, failed = validate_scores(spec, raw, completions, fallback)
+    bad = next((v for v, s in zip(raw, scores) if failed and not _finite(v)), None)
+    return scores, failed, f"returned {bad!r} (not a finite number)"[:500] if failed else None
+
+
+def _finite(value) -> bool:
+    value = value.item() if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)) else value
+    return isinstance(value, numbers.Real) and math.isfinite(float(value))
 
 
 def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple[list[float], int]:

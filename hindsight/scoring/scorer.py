@@ -42,8 +42,8 @@ class Scorer:
         self.reward_worker, self.store = reward_worker, store
         self.compute_s = 0.0  # seconds in the rewards and models (the rest is I/O): the bench's split
 
-    def score(self, step: int, groups: list[int]) -> dict[str, int]:
-        """Score and store each group; returns how many calls of each reward failed."""
+    def score(self, step: int, groups: list[int]) -> dict[str, list]:
+        """Score and store each group; returns {reward: [failed calls, first failure]}."""
         by_group = self.store.groups_rows("rollouts", step, groups)
         rows = [r for g in groups for r in by_group[g]]
         t0 = time.perf_counter()
@@ -58,7 +58,7 @@ class Scorer:
             self.compute_s += time.perf_counter() - t0
             write_groups(self.store, "scores", step,
                          {g: self._score_rows(step, by_group[g], at[g], result, models, i) for i, g in enumerate(batch)})
-        return result.failures
+        return result.failure_counts()
 
     def _batches(self, groups: list[int], by_group: dict[int, list[dict]]) -> list[list[int]]:
         """The reference and reward model run on a batch of groups fixed by group index

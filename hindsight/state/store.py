@@ -176,6 +176,12 @@ class RolloutStore:
         """Those of `groups` that have a part (one folder listing for all of them)."""
         return {g for g, path in self._files_of(component, step, groups).items() if path is not None}
 
+    def drop_parts(self, component: str, step: int) -> None:
+        """Delete the step's part files (scores from a reward that failed on them must not be trained on)."""
+        import shutil
+
+        shutil.rmtree(self._part_dir(component, step), ignore_errors=True)
+
     def merge_parts(self, component: str, step: int, groups: list[int]) -> Path:
         """The step's shard from its groups' parts, in group order; the parts are removed after.
         One batch part that holds exactly the step's groups becomes the shard by a rename."""

@@ -425,3 +425,32 @@ def _(ws, tmp):
 def _(ws, tmp):
     cfg = base_config(ws, tmp / "run", rewards=[{"fn": "os:system"}])
     return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("reward-fails-everywhere")
+def _(ws, tmp):
+    """The reported failure: the reward's column was renamed away, every call raised, and the
+    run still registered a policy."""
+    (tmp / "needs_column.py").write_text("def needs_solution(completions, solution, **kw):\n"
+                                         "    return [float(c == s) for c, s in zip(completions, solution)]\n")
+    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "needs_column:needs_solution"}])
+    return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
+
+
+@case("columns-not-a-file")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\ndata:\n  columns:\n    rl: {question: prompt}\n")
+
+
+@case("system-prompt-without-chat")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\ndata:\n  system_prompt: Be brief.\n")
+
+
+@case("demo-into-user-folder")
+def _(ws, tmp):
+    (tmp / "data").mkdir()
+    (tmp / "data" / "mine.jsonl").write_text('{"prompt": "mine"}\n')
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"] = {"dir": "data", "dvc_file": None}  # the defaults: data/prompts.jsonl and so on, the demo's
+    return Case(rl_args(write_config(tmp, cfg)), keeps_state=True)

@@ -81,12 +81,22 @@ def test_yaml_args_reach_the_reward(tmp_path):
     assert res.per_fn == {"just_x": [1.0, 0.0]}
 
 
+def first_fails(completions, **_):
+    return [None] + [0.0] * (len(completions) - 1)
+
+
 def test_evaluation_uses_the_guarded_scoring(init, monkeypatch):
+    from hindsight.errors import RewardError
+
     work, path = init
     rows = [{"prompt": "Ann has 40 pens", "answer": "53"}, {"prompt": "Bob has 10 cats", "answer": "11"}]
     model, tok = load_causal_lm(path), load_tokenizer(path)
-    acc, answers = accuracy(model, tok, rows, "test_reward_contract:raises", 4, fallback=0.0)
-    assert acc == 0.0 and len(answers) == 2  # the broken judge cost its scores, not the stage
-    acc, _ = accuracy(model, tok, rows, "test_reward_contract:raises", 4, fallback=1.0)
-    assert acc == 1.0  # the configured fallback, not a hard-coded zero
+    acc, answers = accuracy(model, tok, rows, "test_reward_contract:first_fails", 4, fallback=0.0)
+    assert acc == 0.0 and len(answers) == 2  # one failed call cost its score, not the stage
+    acc, _ = accuracy(model, tok, rows, "test_reward_contract:first_fails", 4, fallback=1.0)
+    assert acc == 0.5  # the configured fallback, not a hard-coded zero
+    # a judge that fails on every answer would report the fallback as an accuracy: it stops instead
+    with pytest.raises(RewardError, match="eval.reward test_reward_contract:raises failed on all 2 eval answers: "
+                                          "raised RuntimeError: the judge broke"):
+        accuracy(model, tok, rows, "test_reward_contract:raises", 4, fallback=1.0)
     assert torch.is_grad_enabled()
