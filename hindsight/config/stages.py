@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hindsight.config.base import Strict
 from hindsight.config.data import LoraConfig
@@ -17,6 +17,14 @@ class SFTConfig(Strict):
     max_length: int = Field(128, ge=8)
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
+    @field_validator("lora")
+    @classmethod
+    def _merged(cls, lora: LoraConfig) -> LoraConfig:
+        if lora.register != "merged":
+            raise ValueError("SFT registers its adapter merged (the reward model and RL train on a plain model); "
+                             "register: adapter is for rl.lora")
+        return lora
+
 
 class RewardModelConfig(Strict):
     enabled: bool = True
@@ -26,6 +34,8 @@ class RewardModelConfig(Strict):
     max_steps: int = -1
     batch_size: int = Field(32, ge=1)
     max_length: int = Field(128, ge=8)
+    eval_fraction: float = Field(0.1, ge=0, lt=1, description="share of the preference pairs held out (never "
+                                 "trained on) to measure pairwise accuracy, eval/pairwise_accuracy; 0: none")
 
 
 class NegativeFTConfig(Strict):

@@ -58,16 +58,19 @@ def train_sft(model_path: str, data: dict, out_dir: str | Path, *, lr: float, ep
 
 def train_reward_model(model_path: str, data: dict, out_dir: str | Path, *, lr: float,
                        epochs: float, batch_size: int, max_length: int, seed: int,
-                       max_steps: int = -1, log=None, gradient_checkpointing: bool = False) -> dict:
+                       max_steps: int = -1, log=None, gradient_checkpointing: bool = False,
+                       eval_fraction: float = 0.0) -> dict:
     """Pairwise (Bradley-Terry) reward model on prompt/chosen/rejected pairs (`data`:
-    `DataConfig.reading("prefs")`)."""
+    `DataConfig.reading("prefs")`); with `eval_fraction`, the pairwise accuracy on pairs held out
+    of training, as TRL's RewardTrainer measures it (`eval/pairwise_accuracy`)."""
     from datasets import Dataset
     from trl import RewardConfig, RewardTrainer
 
     from hindsight.models.load import load_reward_model, load_tokenizer
 
-    rows = load_rows(**data)
-    dataset = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows]).shuffle(seed=seed)
+    rows = [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in load_rows(**data)]
+    rows, held_out = held_out_split(rows, eval_fraction, seed)
+    dataset = Dataset.from_list(rows).shuffle(seed=seed)
     tok = load_tokenizer(model_path)
     from transformers import set_seed
 
@@ -78,17 +81,53 @@ def train_reward_model(model_path: str, data: dict, out_dir: str | Path, *, lr: 
         output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,
         max_steps=max_steps, per_device_train_batch_size=_per_device(batch_size), max_length=max_length,
         seed=seed, data_seed=seed, report_to="none", save_strategy="no", logging_steps=10,
-        disable_tqdm=True, **_SAME_BATCHES, **_precision(), **_checkpointing(gradient_checkpointing),
+        per_device_eval_batch_size=EVAL_BATCH, disable_tqdm=True, **_SAME_BATCHES, **_precision(),
+        **_checkpointing(gradient_checkpointing),
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
                             callbacks=[_MetricCallback(log, "reward-model")] if log else None)
     _one_report(trainer)
     result = trainer.train()
+    metrics = {"train/loss": float(result.training_loss)}
+    if held_out:
+        measured = trainer.evaluate(eval_dataset=Dataset.from_list(held_out))
+        metrics.update({"eval/pairwise_accuracy": float(measured["eval_accuracy"]), "eval/pairs": float(len(held_out)),
+                        "eval/loss": float(measured["eval_loss"])})
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         trainer.accelerator.unwrap_model(trainer.model).save_pretrained(out_dir, safe_serialization=True)
         tok.save_pretrained(out_dir)
-    return {"train/loss": float(result.training_loss)}
+    return metrics
+
+
+EVAL_BATCH = 8  # TRL averages the accuracy of each eval batch: whole batches make that the pairwise accuracy
+
+
+def held_out_split(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held out): a seeded choice of whole eval batches, never trained on."""
+    import random
+
+    n = int(len(rows) * fraction) // EVAL_BATCH * EVAL_BATCH
+    if fraction and n == 0:
+        raise ValueError(f"reward_model.eval_fraction {fraction} of {len(rows)} pairs holds out fewer than "
+                         f"{EVAL_BATCH} pairs: add pairs or set it to 0")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n])
+    return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
+
+
+NEAR_CHANCE = 0.05  # a held-out accuracy within this of 0.5 is warned about
+
+
+def chance_warning(metrics: dict) -> str | None:
+    """A reward model that learned nothing (loss near ln 2) otherwise looks like one that did."""
+    accuracy = metrics.get("eval/pairwise_accuracy")
+    if accuracy is None or abs(accuracy - 0.5) > NEAR_CHANCE:
+        return None
+    return (f"reward model: pairwise accuracy {accuracy:.3f} on {metrics['eval/pairs']:.0f} held-out pairs is near "
+            f"chance (0.5): it may have learned nothing (train loss {metrics['train/loss']:.3f}; ln 2 = 0.693). "
+            f"Train longer, raise the lr, or check the pairs")
 
 
 def _per_device(batch_size: int) -> int:

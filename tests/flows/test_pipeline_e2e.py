@@ -52,6 +52,8 @@ def test_pipeline_logs_nested_runs_and_metrics(smoke_run):
     for metric in ("reward/mean", "kl", "entropy", "loss", "response_length/mean"):
         steps = [m.step for m in client.get_metric_history(rl, metric)]
         assert steps == [1, 2, 3, 4], metric
+    rm = by_name["reward-model"].data.metrics  # measured on the 150 of 1,500 pairs it never trained on
+    assert rm["eval/pairs"] == 144.0 and 0.0 <= rm["eval/pairwise_accuracy"] <= 1.0
     negft = by_name["negative-ft"]
     assert negft.data.tags["mlflow.parentRunId"] == parent.info.run_id
     for metric in ("eval/accuracy", "eval/accuracy_before", "negative_ft/unlikelihood", "negative_ft/negatives"):
