@@ -55,14 +55,14 @@ def rl_story(ctx: StageContext) -> StageOutput:
 
 def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
     """What is registered loads from any directory: a LoRA policy's checkpoint is the adapter on a
-    relative cache folder, so it is merged into a plain model (`rl.lora.register: merged`) or
-    exported with its base named by a URI that resolves (`adapter`)."""
+    relative cache folder, so it is merged into a plain model (`rl.lora.registered: merged`) or
+    exported with its base named by a URI that resolves (`registered: adapter`)."""
     lora = cfg.rl.lora
     if not lora.enabled:
         return policy_dir, {}
     export = cfg.root / "rl" / "export" / "policy"
-    tags = {"hindsight.adapter": f"lora r={lora.r} alpha={lora.alpha}", "hindsight.lora_register": lora.register}
-    if lora.register == "merged":
+    tags = {"hindsight.adapter": f"lora r={lora.r} alpha={lora.alpha}", "hindsight.lora_registered": lora.registered}
+    if lora.registered == "merged":
         return export_merged(policy_dir, export), tags
     base = tracking.base_reference(cfg, cfg.rl.init or model_uri(cfg, "sft"), init_path)
     return export_adapter(policy_dir, export, base), {**tags, "hindsight.base_model": base}

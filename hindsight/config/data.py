@@ -91,7 +91,7 @@ class LoraConfig(Strict):
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | str = "all-linear"
-    register: Literal["merged", "adapter"] = Field(
+    registered: Literal["merged", "adapter"] = Field(
         "merged", description="what RL registers: merged, the adapter merged into its base (a plain model that "
                               "loads anywhere); adapter, the adapter alone, its base named by a hub id, an absolute "
                               "path or a models:/NAME/VERSION registry URI (docs/registry.md). SFT always merges")

@@ -20,9 +20,9 @@ class SFTConfig(Strict):
     @field_validator("lora")
     @classmethod
     def _merged(cls, lora: LoraConfig) -> LoraConfig:
-        if lora.register != "merged":
+        if lora.registered != "merged":
             raise ValueError("SFT registers its adapter merged (the reward model and RL train on a plain model); "
-                             "register: adapter is for rl.lora")
+                             "registered: adapter is for rl.lora")
         return lora
 
 

@@ -10,6 +10,7 @@ before the crash instead of sampling them again.
 from __future__ import annotations
 
 import json
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +67,7 @@ class RLRun:
         self.prompts = PromptSource(self.rl, cfg.seed, rows, self.store)
         self.rollouts = Rollouts(cfg, self.learner.policy, self.learner.policy_path, init_path, self.tok, self.store,
                                  self.ledger, self.prompts, version=self.start_step)
+        os.environ["HINDSIGHT_RUN_DIR"] = str(self.dir)  # where rewards keep what they cache (rewards.judge)
         self.scorers = Scorers(cfg, init_path, rm_path, self.learner.policy, pad_id, self.store, self.dir)
         self.decoding = decoding_record(self.tok, self.learner.policy, cfg.eval, self.rl.rollout)
         atomic_write_json(self.dir / "decoding.json", self.decoding)

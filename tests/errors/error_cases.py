@@ -454,3 +454,17 @@ def _(ws, tmp):
     cfg = base_config(ws, tmp / "run")
     cfg["data"] = {"dir": "data", "dvc_file": None}  # the defaults: data/prompts.jsonl and so on, the demo's
     return Case(rl_args(write_config(tmp, cfg)), keeps_state=True)
+
+
+@case("judge-unreachable")
+def _(ws, tmp):
+    judge = {"fn": "rewards.judge:judge", "args": {"base_url": "http://127.0.0.1:1/v1", "model": "judge",
+                                                   "rubric": "{prompt} {completion}: reply score: 1 or 0"}}
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", rewards=[judge]))))
+
+
+@case("judge-key-in-yaml")
+def _(ws, tmp):
+    judge = {"fn": "rewards.judge:judge", "args": {"base_url": "http://127.0.0.1:1/v1", "model": "judge",
+                                                   "rubric": "{completion}", "api_key": "sk-not-here"}}
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", rewards=[judge]))))

@@ -20,7 +20,7 @@ def documented_snippets() -> list[str]:
 
 
 def _run_rl(tmp_path, init, work, register: str):
-    lora = {"enabled": True, "r": 4, "alpha": 8, "register": register}
+    lora = {"enabled": True, "r": 4, "alpha": 8, "registered": register}
     write(tmp_path / "rl.yaml", rl_only("lora", work / "data", init, lora=lora))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
@@ -50,7 +50,7 @@ def test_a_lora_policy_is_registered_merged_and_loads_with_transformers_from_any
     work, init = tiny_init
     uri, client = _run_rl(tmp_path, init, work, "merged")
     mv = client.get_model_version_by_alias("lora-policy", "latest")
-    assert mv.tags["hindsight.adapter"] == "lora r=4 alpha=8" and mv.tags["hindsight.lora_register"] == "merged"
+    assert mv.tags["hindsight.adapter"] == "lora r=4 alpha=8" and mv.tags["hindsight.lora_registered"] == "merged"
     files = {f.path for f in client.list_artifacts(mv.run_id, "checkpoint")}
     assert "checkpoint/model.safetensors" in files and "checkpoint/adapter_config.json" not in files
     assert {"checkpoint/config.json", "checkpoint/generation_config.json", "checkpoint/tokenizer.json"} <= files
