@@ -16,6 +16,7 @@ from hindsight.console import say
 from hindsight.data.rows import format_mismatch
 from hindsight.models.lora import export_adapter, export_merged
 from hindsight.errors import AlertStop
+from hindsight.faults import crash_point
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
@@ -45,6 +46,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
         close_run(key)
 
     def compare(run_id: str) -> None:
+        crash_point("lookback", 0)
         if cfg.eval.compare_versions:
             report = compare_versions(cfg, init_path, cfg.rl.init or model_uri(cfg, "sft"))
             tracking.log_artifact(cfg, run_id, report, "reports")
