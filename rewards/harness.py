@@ -1,12 +1,17 @@
-"""What runs inside the sandbox: the limits, the program, then the judge's requests.
+"""What runs inside the sandbox: the limits, the program, then the judge's calls.
 
 Not imported by hindsight: `rewards/sandbox.py` passes this file's source to `python -I -c`.
-Its request (JSON on stdin, read whole before the program runs) holds the rlimits, the
-program and the steps; each step's answer goes out as a JSON line on the channel fd.
+Its start request (JSON on stdin, read whole before the program runs) holds the rlimits and
+the program. After the program has run, the harness answers with the names it defined, then
+serves calls from the requests fd, one JSON line each ({"i": nonce, "name", "args", "kwargs"},
+the arguments as literals), answering each with the function's return value as a literal of
+built-in types on the channel fd.
 
 Nothing here is trusted by the judge. The program runs in this process and can rewrite any
-of it; what it cannot do is know the expected values, which never enter the sandbox.
+of it, answer for the harness or forge answer lines: what it cannot do is see the tests, which
+run outside (`rewards/code.py`), or make a value that is anything but plain data come out.
 """
+import ast
 import json
 import os
 import resource
@@ -39,8 +44,18 @@ def encode(value, depth=0):
     return None
 
 
+def listing(scope):
+    """The program's top-level names: "callable", or the value as a literal (None: neither)."""
+    out = {}
+    for name, value in list(scope.items()):
+        if name.startswith("__") or type(value).__name__ == "module":
+            continue
+        out[name] = "callable" if callable(value) else encode(value)
+    return out
+
+
 def main():
-    channel = int(sys.argv[1])
+    channel, requests = int(sys.argv[1]), int(sys.argv[2])
     request = json.loads(sys.stdin.buffer.read())
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the program cannot read the requests as its input
     for name, value in request["limits"].items():
@@ -52,22 +67,27 @@ def main():
     def answer(i, **kw):
         os.write(channel, (json.dumps({"i": i, **kw}) + "\n").encode())
 
+    calls = os.fdopen(requests, "rb")
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(compile(request["program"], "<program>", "exec"), scope)
     except BaseException as exc:  # SystemExit included: exiting early answers nothing
         answer(-1, error=type(exc).__name__)
         return
-    answer(-1, ok=True)
-    for i, (kind, source) in enumerate(request["steps"]):
+    answer(-1, ok=True, names=listing(scope))
+    for line in calls:
         try:
-            if kind == "exec":
-                exec(compile(source, f"<test {i}>", "exec"), scope)
-                answer(i, ok=True)
+            call = json.loads(line)
+            i = call["i"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        try:
+            value = scope[call["name"]](*ast.literal_eval(call["args"]), **ast.literal_eval(call["kwargs"]))
+            literal = encode(value)
+            if literal is None:
+                answer(i, error="NotPlainData", type=type(value).__name__)
             else:
-                value = eval(compile(source, f"<test {i}>", "eval"), scope)
-                literal = encode(value)
-                answer(i, value=literal) if literal is not None else answer(i, truth=bool(value))
+                answer(i, value=literal)
         except BaseException as exc:
             answer(i, error=type(exc).__name__)
 

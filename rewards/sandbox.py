@@ -2,8 +2,9 @@
 
 `mode="bwrap"` (the default) isolates what the program can reach:
 - the filesystem: a new mount namespace whose root holds only `/usr` (and the interpreter's
-  prefix), read-only, a fresh `/proc` and `/dev`, and a private tmpfs of `tmp_mb` at `/tmp`,
-  the only writable place; no `/etc`, no home, no project source;
+  prefix), read-only, a fresh `/proc`, a read-only `/dev`, and a private tmpfs of `tmp_mb` at
+  `/tmp`, the only writable place (the root itself is remounted read-only); no `/etc`, no
+  home, no project source;
 - processes: a new PID namespace. When the program's main process exits, or the run times
   out, bubblewrap's init dies and the kernel kills everything left in the namespace;
 - the user: when hindsight runs as root, the sandbox runs as an unprivileged uid *outside*
@@ -11,8 +12,11 @@
 - the network: a new network namespace with no interface (no loopback server, no TCP,
   unix sockets only on the private tmpfs), and no IPC or UTS shared with the host;
 - resources: rlimits on CPU seconds, address space, processes, file size and open files
-  (set by the harness before the program runs), a wall-clock timeout, and an output cap:
-  past `output_bytes` the run is killed, so a flood costs the parent nothing.
+  (set by the harness before the program runs), one memory limit for the whole process tree
+  (`memory_scope: tree`, a memory cgroup, `rewards/cgroup.py`: forks and tmpfs files count
+  too; without one the sandbox refuses unless `memory_scope: process` is set), a wall-clock
+  timeout, and an output cap: past `output_bytes` the run is killed, so a flood costs the
+  parent nothing.
 
 `mode="unsafe-local"` runs the same harness in a plain subprocess (rlimits, a temporary
 directory, an empty environment, a new session), with none of the isolation above. It is
@@ -23,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -35,9 +40,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from rewards import cgroup
+
 MODES = ("bwrap", "unsafe-local")
 _HARNESS = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
 _UIDS = itertools.count()  # each run its own uid: rlimits on processes are per uid
+# Enters the memory cgroup before anything of the sandbox exists (every later process is born in
+# it: no race with a fork), then drops to the sandbox's uid and execs bwrap (or the harness).
+_ENTER = ("import os, sys\n"
+          "with open(sys.argv[1], 'w') as f:\n    f.write(str(os.getpid()))\n"
+          "uid = int(sys.argv[2])\n"
+          "if uid >= 0:\n    os.setgroups([]); os.setgid(uid); os.setuid(uid)\n"
+          "os.execvp(sys.argv[3], sys.argv[3:])\n")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -55,6 +69,7 @@ class Limits:
     open_files: int = 64
     output_bytes: int = 1 << 20    # stdout + stderr kept; more kills the program
     uid_base: int = 61000          # when run as root: the sandbox's uids outside the namespace
+    memory_scope: str = "tree"     # tree: memory_mb for all its processes (a cgroup); process: per process only
 
     def rlimits(self) -> dict[str, int]:
         return {"cpu_s": self.cpu_s, "memory_bytes": self.memory_mb << 20, "processes": self.processes,
@@ -70,6 +85,7 @@ class SandboxResult:
     output_truncated: bool
     mode: str
     answers: list[dict]            # the harness's JSON lines, in order (unparseable ones dropped)
+    memory_killed: bool = False    # the kernel killed a process of the tree at the memory limit
 
     @property
     def ok(self) -> bool:
@@ -96,7 +112,7 @@ def _world_traversable(path: str) -> bool:
     return all(os.stat(d).st_mode & stat.S_IXOTH for d in [p, *p.parents])
 
 
-def _bwrap_argv(python: str, prefix: str | None, limits: Limits, channel: int, info: int) -> list[str]:
+def _bwrap_argv(python: str, prefix: str | None, limits: Limits, channel: int, requests: int, info: int) -> list[str]:
     argv = ["bwrap", "--info-fd", str(info), "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session",
             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
@@ -106,8 +122,11 @@ def _bwrap_argv(python: str, prefix: str | None, limits: Limits, channel: int, i
             argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
     if prefix:
         argv += ["--ro-bind", prefix, prefix]
+    # the root bwrap builds and its /dev are tmpfs folders: remounted read-only, the `tmp_mb` tmpfs at
+    # /tmp is the only place the program can write
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
-             "--chdir", "/tmp", python, "-I", "-c", _HARNESS, str(channel)]
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp",
+             python, "-I", "-c", _HARNESS, str(channel), str(requests)]
     return argv
 
 
@@ -117,94 +136,195 @@ def isolation_problem() -> str | None:
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed (Debian: apt-get install bubblewrap)"
     try:
-        res = _run({"program": "pass", "steps": [], "limits": Limits().rlimits()}, Limits(timeout_s=30), "bwrap")
+        res = _run("pass", Limits(timeout_s=30), "bwrap")
     except SandboxUnavailable as exc:
         return str(exc)
-    if res.answers[:1] != [{"i": -1, "ok": True}]:
+    if res.answers[:1] != [{"i": -1, "ok": True, "names": {}}]:
         return f"bwrap cannot start a sandbox here: {res.stderr.strip()[-300:] or f'exit {res.returncode}'}"
     return None
 
 
-def run_python(code: str, limits: Limits = Limits(), mode: str = "bwrap",
-               steps: list[tuple[str, str]] = ()) -> SandboxResult:
-    """Run `code`, then each step (`("exec", src)` or `("eval", expr)`) in its namespace."""
+def run_python(code: str, limits: Limits = Limits(), mode: str = "bwrap") -> SandboxResult:
+    """Run `code` to its end (or its limits) and return what it printed and answered."""
+    _check_mode(mode, limits)
+    return _run(code, limits, mode)
+
+
+MEMORY_SCOPES = ("tree", "process")
+
+
+def _check_mode(mode: str, limits: Limits) -> None:
     if mode not in MODES:
         raise ValueError(f"sandbox mode {mode!r}: expected one of {MODES}")
+    if limits.memory_scope not in MEMORY_SCOPES:
+        raise ValueError(f"memory_scope: {limits.memory_scope!r} is not one of {', '.join(MEMORY_SCOPES)}")
     if mode == "bwrap" and (problem := isolation_problem()):
         raise SandboxUnavailable(f"{problem}; set the reward's `sandbox: unsafe-local` to run without isolation")
-    return _run({"program": code, "steps": [list(s) for s in steps], "limits": limits.rlimits()}, limits, mode)
+    if mode == "bwrap" and limits.memory_scope == "tree" and (problem := cgroup.problem()):
+        raise SandboxUnavailable(f"{problem}; set the reward's `memory_scope: process` to limit each process alone "
+                                 f"(then `processes` x `memory_mb` is the bound)")
 
 
-def _run(request: dict, limits: Limits, mode: str) -> SandboxResult:
-    read_end, write_end = os.pipe()
-    info_read, info_write = os.pipe()  # bwrap reports its sandbox's init pid here
-    workdir = tempfile.mkdtemp(prefix="hindsight-sandbox-") if mode == "unsafe-local" else None
-    try:
-        if mode == "bwrap":
-            python, prefix = _interpreter()
-            argv, cwd, env = _bwrap_argv(python, prefix, limits, write_end, info_write), None, {"PATH": "/usr/bin:/bin"}
-        else:
-            argv, cwd = [sys.executable, "-I", "-c", _HARNESS, str(write_end)], workdir
-            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir}
-        uid = limits.uid_base + next(_UIDS) % 4096 if os.geteuid() == 0 and mode == "bwrap" else None
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(write_end, info_write), start_new_session=True,
-                                user=uid, group=uid, extra_groups=[] if uid is not None else None)
-        for fd in (write_end, info_write):
-            os.close(fd)
-        write_end = info_write = -1
-        return _collect(proc, read_end, info_read, json.dumps(request).encode(), limits, mode)
-    finally:
-        for fd in (read_end, info_read, write_end, info_write):
-            if fd >= 0:
+def _run(code: str, limits: Limits, mode: str) -> SandboxResult:
+    with Session(code, limits, mode, checked=True) as session:
+        session.started()
+    return session.result
+
+
+class Session:
+    """A sandboxed program kept running after its code has run, so that the judge outside can
+    call its functions (`call`) with plain-data arguments and get plain-data values back. One
+    wall-clock deadline (`timeout_s`) and one output cap hold for the whole session."""
+
+    def __init__(self, code: str, limits: Limits = Limits(), mode: str = "bwrap", checked: bool = False):
+        if not checked:  # the isolation probe itself runs a session
+            _check_mode(mode, limits)
+        self.limits, self.mode, self.result = limits, mode, None
+        self._request = json.dumps({"program": code, "limits": limits.rlimits()}).encode()
+        self._answers: dict[int, dict] = {}
+        self._order: list[dict] = []
+        self.group = None
+
+    def __enter__(self) -> "Session":
+        self._open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        self.channel, write_end = os.pipe()
+        req_read, self.requests = os.pipe()
+        self.info, info_write = os.pipe()  # bwrap reports its sandbox's init pid here
+        self.workdir = tempfile.mkdtemp(prefix="hindsight-sandbox-") if self.mode == "unsafe-local" else None
+        fds = (write_end, req_read, info_write)
+        try:
+            if self.mode == "bwrap":
+                python, prefix = _interpreter()
+                argv, cwd = _bwrap_argv(python, prefix, self.limits, write_end, req_read, info_write), None
+                env = {"PATH": "/usr/bin:/bin"}
+            else:
+                argv, cwd = [sys.executable, "-I", "-c", _HARNESS, str(write_end), str(req_read)], self.workdir
+                env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.workdir}
+            uid = self.limits.uid_base + next(_UIDS) % 4096 if os.geteuid() == 0 and self.mode == "bwrap" else None
+            self.group = self._memory_group()
+            if self.group is not None:  # the launcher enters the group, then drops to the uid and execs
+                argv, uid = [sys.executable, "-I", "-c", _ENTER, self.group.procs, str(-1 if uid is None else uid),
+                             *argv], None
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, pass_fds=fds, start_new_session=True,
+                                         user=uid, group=uid, extra_groups=[] if uid is not None else None)
+        finally:
+            for fd in fds:
                 os.close(fd)
-        if workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+        os.set_blocking(self.requests, False)
+        self.streams = {self.proc.stdout.fileno(): bytearray(), self.proc.stderr.fileno(): bytearray(),
+                        self.channel: bytearray(), self.info: bytearray()}
+        self.sel = selectors.DefaultSelector()
+        for fd in self.streams:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.deadline = time.monotonic() + self.limits.timeout_s
+        self.timed_out = self.truncated = False
+        self._exited_at = None
+        self._parsed = 0
+        try:
+            self.proc.stdin.write(self._request)
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
 
+    def _memory_group(self):
+        """The process tree's memory cgroup, or None (`memory_scope: process`, or none can be made:
+        refused by `_check_mode` in bwrap mode)."""
+        if self.limits.memory_scope != "tree" or cgroup.problem():
+            return None
+        return cgroup.MemoryGroup(self.limits.memory_mb << 20)
 
-def _collect(proc: subprocess.Popen, channel: int, info: int, request: bytes, limits: Limits,
-             mode: str) -> SandboxResult:
-    """Feed the request, read stdout, stderr and the channel until they close, the deadline
-    passes or the output cap is hit; then make sure nothing of the run is left."""
-    try:
-        proc.stdin.write(request)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    streams = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(), channel: bytearray(),
-               info: bytearray()}
-    sel = selectors.DefaultSelector()
-    for fd in streams:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    deadline, timed_out, truncated, exited_at = time.monotonic() + limits.timeout_s, False, False, None
-    while sel.get_map():
+    def started(self) -> dict | None:
+        """The program's top-level names ({name: "callable" or a literal}) once it has run, or
+        None when it raised, exited or ran out of time."""
+        first = self._wait(-1)
+        return first.get("names", {}) if first and first.get("ok") is True else None
+
+    def call(self, name: str, args: str, kwargs: str) -> dict:
+        """Call the program's `name` with literal args; its answer ({"value": literal} or
+        {"error": type name}), or {"error": "Unanswered"} when the session is over."""
+        nonce = secrets.randbits(62)  # a forged answer line cannot name a call it has not seen
+        try:
+            os.write(self.requests, (json.dumps({"i": nonce, "name": name, "args": args, "kwargs": kwargs})
+                                     + "\n").encode())
+        except (BlockingIOError, BrokenPipeError, OSError):
+            return {"error": "Unanswered"}
+        return self._wait(nonce) or {"error": "Unanswered"}
+
+    def _wait(self, i: int) -> dict | None:
+        while i not in self._answers:
+            if not self._pump():
+                return None
+        return self._answers.pop(i)
+
+    def _pump(self) -> bool:
+        """Read what is there (up to 0.1 s); False once nothing more can come."""
+        if not self.sel.get_map() or self.timed_out or self.truncated:
+            return False
         now = time.monotonic()
-        if now > deadline:
-            timed_out = True
-            break
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-        if exited_at is not None and now - exited_at > 0.5:
-            break  # unsafe-local: a detached child still holds the pipes
-        for key, _ in sel.select(timeout=0.1):
+        if now > self.deadline:
+            self.timed_out = True
+            return False
+        if self._exited_at is None and self.proc.poll() is not None:
+            self._exited_at = now
+        if self._exited_at is not None and now - self._exited_at > 0.5:
+            return False  # unsafe-local: a detached child still holds the pipes
+        for key, _ in self.sel.select(timeout=0.1):
             chunk = os.read(key.fd, 65536)
             if not chunk:
-                sel.unregister(key.fd)
+                self.sel.unregister(key.fd)
                 continue
-            streams[key.fd] += chunk
-        if len(streams[proc.stdout.fileno()]) + len(streams[proc.stderr.fileno()]) > limits.output_bytes \
-                or len(streams[channel]) > limits.output_bytes:
-            truncated = True
-            break
-    sel.close()
-    _kill(proc, _init_pid(bytes(streams[info])), ended=not (timed_out or truncated))
-    out, err = (bytes(streams[f.fileno()][: limits.output_bytes]).decode("utf-8", "replace")
-                for f in (proc.stdout, proc.stderr))
-    proc.stdout.close()
-    proc.stderr.close()
-    return SandboxResult(None if timed_out else proc.returncode, out, err, timed_out, truncated, mode,
-                         _answers(bytes(streams[channel])))
+            self.streams[key.fd] += chunk
+        out = len(self.streams[self.proc.stdout.fileno()]) + len(self.streams[self.proc.stderr.fileno()])
+        if out > self.limits.output_bytes or len(self.streams[self.channel]) > self.limits.output_bytes:
+            self.truncated = True
+            return False
+        self._parse()
+        return True
+
+    def _parse(self) -> None:
+        raw = self.streams[self.channel]
+        end = raw.rfind(b"\n") + 1
+        if end <= self._parsed:
+            return
+        for item in _answers(bytes(raw[self._parsed:end])):
+            self._order.append(item)
+            self._answers.setdefault(item["i"], item)  # the first answer to an id counts
+        self._parsed = end
+
+    def close(self) -> None:
+        if self.result is not None:
+            return
+        try:
+            os.close(self.requests)  # the harness's call loop ends: the program exits
+            while self._pump():
+                pass
+            self.sel.close()
+            _kill(self.proc, _init_pid(bytes(self.streams[self.info])), ended=not (self.timed_out or self.truncated))
+            out, err = (bytes(self.streams[f.fileno()][: self.limits.output_bytes]).decode("utf-8", "replace")
+                        for f in (self.proc.stdout, self.proc.stderr))
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+            self.result = SandboxResult(None if self.timed_out else self.proc.returncode, out, err, self.timed_out,
+                                        self.truncated, self.mode, self._order,
+                                        self.group.oom_killed() if self.group else False)
+        finally:
+            if self.group is not None:
+                self.group.close()
+            for fd in (self.channel, self.info):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            if self.workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _init_pid(info: bytes) -> int | None:

@@ -10,6 +10,31 @@ WRONG = "def add(a, b):\n    return a - b\n"
 TEST = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 
 
+# the test forms the first judge answered inside the sandbox, where 13 programs forged a pass
+FORMS = {
+    "check-candidate": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+                       "\ncheck(add)\n",
+    "expression-expected": "assert add(2, 3) == 2 + 3\n",
+    "isclose": "import math\nassert math.isclose(add(0.1, 0.2), 0.3)\n",
+    "and-chain": "assert add(2, 3) == 5 and add(-1, 1) == 0\n",
+    "in-result": "assert 5 in [add(2, 3)]\n",
+    "abs-eps": "assert abs(add(2, 3) - 5) < 1e-9\n",
+    "bare-truth": "assert add(2, 3)\nassert add(2, 3) == 5\n",
+}
+ALWAYS_EQUAL = ("class Eq(float):\n    def __eq__(self, o): return True\n    def __lt__(self, o): return True\n"
+                "    def __contains__(self, o): return True\n    def __sub__(self, o): return self\n"
+                "    def __abs__(self): return self\n    def __bool__(self): return True\n"
+                "    __hash__ = float.__hash__\n"
+                "def add(a, b):\n    return Eq(0)\n")
+# answer lines for every step and every id a harness could use, on every fd, then a wrong solution
+FORGE_ANSWERS = ("import os, json\n"
+                          "lines = [json.dumps({'i': i, 'ok': True, 'value': '5', 'truth': True}) for i in range(-1, 64)]\n"
+                          "data = ('\\n'.join(lines) + '\\n').encode()\n"
+                          "for fd in range(1, 64):\n"
+                          "    try: os.write(fd, data)\n"
+                          "    except OSError: pass\n" + WRONG)
+
+
 def _then(attack: str, code: str = WRONG) -> str:
     """An attack followed by a wrong solution: a score above 0 means the attack forged a pass."""
     return attack + "\n" + code
@@ -40,6 +65,28 @@ PROGRAMS = {
                                "builtins.eval = lambda *a, **k: 5"), TEST, 0.0),
     "atexit-and-excepthook": (_then("import atexit, os, sys\natexit.register(os._exit, 0)\n"
                                     "sys.excepthook = lambda *a: None"), TEST, 0.0),
+    # --- round three: every test form, judged outside on plain data -------------------
+    **{f"always-equal-vs-{form}": (ALWAYS_EQUAL, tests, 0.0) for form, tests in FORMS.items()},
+    **{f"correct-{form}": (ADD, tests, 1.0) for form, tests in FORMS.items()},
+    **{f"forged-answers-vs-{form}": (FORGE_ANSWERS, tests, 0.0) for form, tests in FORMS.items()},
+    "shadow-abs": ("def abs(x):\n    return 0\n" + WRONG, FORMS["abs-eps"], 0.0),
+    "shadow-isclose-in-math": ("import math\nmath.isclose = lambda *a, **k: True\n" + WRONG, FORMS["isclose"], 0.0),
+    "lying-int-subclass-in-a-list": ("class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
+                                     "def add(a, b):\n    return [I(0)]\n", "assert add(2, 3) == [5]\n", 0.0),
+    "patch-the-harness-encoder": ("import sys\nm = sys.modules['__main__']\nm.encode = lambda v, depth=0: '5'\n"
+                                  "class Eq:\n    def __eq__(self, o): return True\n"
+                                  "def add(a, b):\n    return Eq()\n", FORMS["check-candidate"], 0.0),
+    "huge-answer": ("def add(a, b):\n    return 'x' * (4 << 20)\n", TEST, 0.0),
+    "deeply-nested-answer": ("def add(a, b):\n    v = 5\n    for _ in range(10000):\n        v = [v]\n    return v\n",
+                             TEST, 0.0),
+    "mbpp-style-correct": ("def max_of(xs):\n    return max(xs)\n",
+                           "assert max_of([1, 5, 2]) == 5\nassert max_of([-1, -3]) == -1\n", 1.0),
+    "humaneval-style-correct": ("def has_close(numbers, threshold):\n"
+                                "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) "
+                                "for b in numbers[i + 1:])\n",
+                                "METADATA = {'author': 'x'}\n\ndef check(candidate):\n"
+                                "    assert candidate([1.0, 2.0, 3.9, 4.0], 0.3) == True\n"
+                                "    assert candidate([1.0, 2.0, 3.0], 0.5) == False\n\ncheck(has_close)\n", 1.0),
     # --- the filesystem --------------------------------------------------------------
     "read-etc-shadow": (_then("print(open('/etc/shadow').read())", ADD), TEST, 0.0),
     "read-project-source": (_then("print(open('{ROOT}/rewards/code.py').read())", ADD), TEST, 0.0),

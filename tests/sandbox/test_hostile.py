@@ -141,3 +141,21 @@ def test_the_sandbox_runs_as_an_unprivileged_uid_outside_the_namespace_too():
         assert int(uid) >= UID_BASE and int(gid) >= UID_BASE and groups.strip() == "[]"
     else:
         assert int(uid) == os.geteuid()
+
+
+def test_every_forging_family_scores_zero_through_the_rl_scoring_path():
+    """The same programs as RL scores them: `score_completions` with the reward worker process."""
+    from hindsight.config.rl import RewardFnConfig
+    from hindsight.scoring.guarded import RewardWorker
+    from hindsight.scoring.rewards import score_completions
+
+    names = sorted(n for n in PROGRAMS if n.startswith(("always-equal-vs-", "forged-answers-vs-", "correct-")))
+    completions = [f"```python\n{PROGRAMS[n][0]}\n```" for n in names]
+    spec = RewardFnConfig.model_validate({"fn": "rewards.code:code_tests", "args": {"timeout_s": 5, "parallel": 2}})
+    worker = RewardWorker()
+    try:
+        result = score_completions([spec], completions, {"tests": [PROGRAMS[n][1] for n in names]}, -1.0, worker, 300)
+    finally:
+        worker.close()
+    assert dict(zip(names, result.total)) == {n: PROGRAMS[n][2] for n in names}
+    assert result.failures == {"code_tests": 0}

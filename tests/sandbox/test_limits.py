@@ -6,8 +6,8 @@ import pytest
 
 import rewards.code as code
 import rewards.sandbox as sandbox
-from rewards.code import Check, code_tests, plan_tests, verdict
-from rewards.sandbox import Limits, SandboxUnavailable, run_python
+from rewards.code import CandidateError, Remote, code_tests, decode, judge_tests, with_entry_point
+from rewards.sandbox import Limits, SandboxUnavailable, Session, run_python
 
 
 def test_passing_and_failing_code():
@@ -38,26 +38,39 @@ def test_runs_in_an_empty_private_tmp():
     assert "'home'" not in res.stdout and "'etc'" not in res.stdout and "'work'" not in res.stdout
 
 
-def test_the_judge_splits_asserts_and_keeps_expected_values_out_of_the_sandbox():
-    checks = plan_tests("import math\nassert f(2) == 4\nassert 9 > g(1)\nassert not h(3)\nassert math.isclose(f(1), 1)")
-    assert checks == [Check("exec", "import math"), Check("eval", "f(2)", code.ast.Eq, 4),
-                      Check("eval", "g(1)", code.ast.Lt, 9), Check("eval", "h(3)", negate=True),
-                      Check("eval", "math.isclose(f(1), 1)")]
-    assert all("4" not in c.source and "9" not in c.source for c in checks[1:3])
+def test_the_tests_run_outside_and_only_arguments_go_in():
+    """The program logs every call it gets: the arguments arrive, the tests and their expected
+    values never do."""
+    program = ("import json\ncalls = []\ndef add(a, b):\n    calls.append([a, b])\n    return a + b\n"
+               "def seen():\n    return calls\n")
+    with Session(program, Limits(), "bwrap") as session:
+        names = session.started()
+        assert judge_tests("EXPECTED = 123456\nassert add(2, 3) == 5\nassert add(1, 1) != EXPECTED\n", names, session)
+        assert Remote(session, "seen")() == [[2, 3], [1, 1]]
+    assert "123456" not in str(session.result.answers)
 
 
-@pytest.mark.parametrize("answers, ok", [
-    ([{"i": -1, "ok": True}, {"i": 0, "value": "4"}], True),
-    ([{"i": -1, "ok": True}, {"i": 0, "value": "4.0"}], True),      # 4.0 == 4, as the assert would say
-    ([{"i": -1, "ok": True}, {"i": 0, "value": "5"}], False),
-    ([{"i": -1, "ok": True}, {"i": 0, "truth": True}], False),      # a compare needs the value itself
-    ([{"i": -1, "ok": True}, {"i": 0, "value": "__import__('os')"}], False),  # not a literal
-    ([{"i": -1, "ok": True}], False),                               # unanswered
-    ([{"i": 0, "value": "4"}], False),                              # the program itself never finished
-    ([{"i": -1, "ok": True}, {"i": 0, "error": "AssertionError"}], False),
-])
-def test_verdict(answers, ok):
-    assert verdict([Check("eval", "f(2)", code.ast.Eq, 4)], answers) is ok
+@pytest.mark.parametrize("answer", [{"value": "__import__('os')"}, {"value": "5" * (2 << 20)}, {"error": "ValueError"},
+                                    {"value": 5}, {}])
+def test_only_a_literal_of_builtin_types_comes_out(answer):
+    with pytest.raises(CandidateError):
+        decode(answer, "f")
+
+
+def test_an_argument_that_is_not_plain_data_is_not_sent_in():
+    with Session("def f(g):\n    return g(1)\n", Limits(), "bwrap") as session:
+        session.started()
+        with pytest.raises(CandidateError, match="not plain data"):
+            Remote(session, "f")(lambda x: x)
+
+
+def test_humaneval_tests_call_check_with_the_entry_point():
+    tests = "def check(candidate):\n    assert candidate(1) == 2\n"
+    assert with_entry_point(tests, "inc").endswith("\ncheck(inc)\n")
+    assert with_entry_point(tests + "\ncheck(inc)\n", "inc").count("check(inc)") == 1  # already called
+    assert with_entry_point("assert inc(1) == 2", "inc") == "assert inc(1) == 2"
+    good, bad = "def inc(x):\n    return x + 1\n", "def inc(x):\n    return x\n"
+    assert code_tests([good, bad], [tests, tests], entry_point=["inc", "inc"]) == [1.0, 0.0]
 
 
 def test_without_bubblewrap_the_code_reward_refuses_unless_unsafe_local_is_set(monkeypatch, caplog):
@@ -79,3 +92,42 @@ def test_without_bubblewrap_the_code_reward_refuses_unless_unsafe_local_is_set(m
 def test_an_unknown_sandbox_mode_is_refused():
     with pytest.raises(ValueError, match="sandbox: 'docker' is not one of bwrap, unsafe-local"):
         code.preflight("docker")
+
+
+FORKS = ("import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+         "        x = bytearray(300 << 20)\n        for j in range(0, len(x), 4096):\n            x[j] = 1\n"
+         "        time.sleep(2)\n        os._exit(0)\n    kids.append(pid)\n"
+         "print(sum(os.waitpid(k, 0)[1] == 0 for k in kids), 'survived')\n")
+
+
+def test_one_memory_limit_holds_for_the_whole_process_tree():
+    """Six forks of 300 MB under memory_mb 512: each fits its own rlimit, together they do not."""
+    res = run_python(FORKS, Limits(memory_mb=512, timeout_s=30))
+    survived = int(res.stdout.split()[0])
+    assert survived <= 1 and res.memory_killed
+    alone = run_python(FORKS, Limits(memory_mb=512, timeout_s=30, memory_scope="process"))
+    assert alone.stdout.split()[0] == "6" and not alone.memory_killed  # what the per-process rlimit allowed
+
+
+def test_files_on_the_tmpfs_count_against_the_trees_memory():
+    res = run_python("f = open('/tmp/big', 'wb')\nfor i in range(400):\n    f.write(b'x' * (1 << 20))\nprint('wrote')",
+                     Limits(memory_mb=128, tmp_mb=1024, file_mb=1024, timeout_s=30))
+    assert "wrote" not in res.stdout and res.memory_killed
+
+
+def test_only_the_tmpfs_is_writable():
+    probe = ("import os\nfor path in ['/x', '/dev/x', '/dev/shm/x', '/proc/x', '/usr/x', '/tmp/x']:\n"
+             "    try:\n        open(path, 'wb').write(b'a' * 1000)\n        print(path, 'written')\n"
+             "    except OSError as exc:\n        print(path, exc.errno)\n")
+    lines = dict(line.split() for line in run_python(probe).stdout.splitlines())
+    assert lines.pop("/tmp/x") == "written"
+    assert all(v != "written" for v in lines.values()), lines
+
+
+def test_without_a_memory_cgroup_the_code_reward_refuses_unless_told_otherwise(monkeypatch):
+    from rewards import cgroup
+
+    monkeypatch.setattr(cgroup, "problem", lambda: "no memory cgroup can be made here")
+    with pytest.raises(SandboxUnavailable, match="no memory cgroup can be made here; set `args: {memory_scope: process}`"):
+        code.preflight()
+    assert code_tests(["def f():\n    return 1\n"], ["assert f() == 1"], memory_scope="process") == [1.0]

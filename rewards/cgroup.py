@@ -1,0 +1,128 @@
+"""One memory limit for a sandboxed program's whole process tree: a memory cgroup.
+
+An address-space rlimit is per process, so a program that forks N times holds N times it. A
+cgroup's limit holds for every process in it, and a fork stays in its parent's cgroup, so the
+sandbox starts in a fresh one (its launcher enters it, then execs bubblewrap: every process of
+the run is born in it): together they cannot hold more than `memory_mb`, files written to the
+sandbox's tmpfs included (tmpfs pages are charged to the cgroup that wrote them). Past
+it the kernel's OOM killer ends a process of the group, and the completion scores 0.
+
+cgroup v2 is used where the memory controller is enabled for a folder this process may write
+(a delegated subtree), else the v1 memory hierarchy (`/sys/fs/cgroup/memory`, writable by
+root, as in a container). With neither, `problem()` says why, and the code reward refuses to
+run unless its config opts out (`memory_scope: process`).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from functools import lru_cache
+from pathlib import Path
+
+_V1 = Path("/sys/fs/cgroup/memory")
+_NAMES = itertools.count()
+
+
+@lru_cache(maxsize=1)
+def _base() -> tuple[str, Path] | None:
+    """("v2" or "v1", the folder new groups go in), or None."""
+    own = _own_v2_path()
+    for folder in ([own.parent, own] if own else []):
+        controls = folder / "cgroup.subtree_control"
+        try:
+            if "memory" in controls.read_text().split() and os.access(folder, os.W_OK):
+                return "v2", folder
+        except OSError:
+            continue
+    if (_V1 / "memory.limit_in_bytes").exists() and os.access(_V1, os.W_OK):
+        return "v1", _V1
+    return None
+
+
+def _own_v2_path() -> Path | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                root = Path("/sys/fs/cgroup")
+                return root / line[3:].lstrip("/") if (root / "cgroup.controllers").exists() else None
+    except OSError:
+        pass
+    return None
+
+
+def problem() -> str | None:
+    """Why no memory cgroup can be made here, or None."""
+    if _base() is None:
+        return ("no memory cgroup can be made here (neither a cgroup v2 folder with the memory controller this "
+                "process may write, nor a writable v1 /sys/fs/cgroup/memory), so one memory limit cannot hold for "
+                "the program's whole process tree")
+    return None
+
+
+class MemoryGroup:
+    """A fresh memory cgroup with `limit_bytes` for everything moved into it (and their forks)."""
+
+    def __init__(self, limit_bytes: int):
+        kind, base = _base() or (None, None)
+        if kind is None:
+            raise RuntimeError(problem())
+        self.kind = kind
+        self.path = base / f"hindsight-sandbox-{os.getpid()}-{next(_NAMES)}"
+        self.path.mkdir()
+        if kind == "v2":
+            (self.path / "memory.max").write_text(str(limit_bytes))
+            if (self.path / "memory.swap.max").exists():
+                (self.path / "memory.swap.max").write_text("0")
+        else:
+            (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            swap = self.path / "memory.memsw.limit_in_bytes"
+            if swap.exists():  # with swap accounting, swap counts too
+                swap.write_text(str(limit_bytes))
+
+    @property
+    def procs(self) -> str:
+        """The file a process writes its pid to, to enter the group (`sandbox._ENTER` does)."""
+        return str(self.path / "cgroup.procs")
+
+    def peak_bytes(self) -> int | None:
+        name = "memory.peak" if self.kind == "v2" else "memory.max_usage_in_bytes"
+        try:
+            return int((self.path / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the group for its memory."""
+        try:
+            if self.kind == "v2":
+                events = dict(line.split() for line in (self.path / "memory.events").read_text().splitlines())
+                return int(events.get("oom_kill", 0)) > 0
+            control = dict(line.split() for line in (self.path / "memory.oom_control").read_text().splitlines())
+            return int(control.get("oom_kill", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        """Kill whatever is left in the group, then remove it."""
+        for _ in range(50):
+            pids = self._pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.02)
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass  # a process still leaving: the empty group is harmless and named for this process
+
+    def _pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
