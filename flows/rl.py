@@ -17,6 +17,8 @@ from hindsight.data.rows import format_mismatch
 from hindsight.models.lora import export_adapter, export_merged
 from hindsight.errors import AlertStop
 from hindsight.faults import crash_point
+from hindsight.lookback.rebuild import RUN_IDS
+from hindsight.state.fsutil import append_line
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
@@ -35,6 +37,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
     try:
         run = get_run(key)
         check_not_finished(run.dir, run.start_step, cfg.rl.steps)
+        append_line(run.dir / RUN_IDS, run_id)  # `hindsight report RUN_ID` reads a folder only if it says so
         tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
         tracking.log_decoding(cfg, run_id, run.decoding)
         _announce_resume(cfg, run_id, run)

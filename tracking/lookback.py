@@ -13,6 +13,7 @@ from hindsight.errors import ConfigError
 from hindsight.scoring.evaluate import judge
 from hindsight.state.fsutil import atomic_write_bytes
 from hindsight.models.load import load_causal_lm, load_tokenizer
+from hindsight.lookback.rebuild import RUN_IDS, owns
 from hindsight.lookback.report import render_versions_report, text_table
 from hindsight.stage import model_name
 import tracking
@@ -62,10 +63,15 @@ def find_run(c: MlflowClient, ref: str):
 
 
 def run_dir_of(c: MlflowClient, ref: str) -> Path:
+    """The run directory an RL run's tag names, if that directory records the run: a crafted tag
+    must not point a report at another run's files."""
     run = find_run(c, ref)
     path = run.data.tags.get("hindsight.run_dir")
     if not path:
         raise ConfigError(f"run {ref!r} has no hindsight.run_dir tag (only RL stage runs store rollouts)")
+    if not owns(Path(path) / "rl", run.info.run_id):
+        raise ConfigError(f"run {ref!r}: its hindsight.run_dir tag names {path}, which does not record that run "
+                          f"(rl/{RUN_IDS}); refusing to read it")
     return Path(path)
 
 

@@ -2,9 +2,11 @@
 `load_config(path, overrides)`."""
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.errors import ConfigError
@@ -47,6 +49,18 @@ class PipelineConfig(Strict):
     retries: RetryConfig = Field(default_factory=RetryConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
+    @field_validator("run_dir")
+    @classmethod
+    def _not_a_system_folder(cls, value: str | None) -> str | None:
+        if value is not None:
+            refuse_system_folder(Path(value))
+        return value
+
+    @model_validator(mode="after")
+    def _default_run_dir(self):
+        refuse_system_folder(self.root)  # runs/NAME may be a symlink too
+        return self
+
     @model_validator(mode="after")
     def _batches_divide(self):
         n = self.resources.num_processes
@@ -68,6 +82,20 @@ class PipelineConfig(Strict):
     @property
     def root(self) -> Path:
         return Path(self.run_dir or f"runs/{self.name}")
+
+
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
+                  "/var")
+
+
+def refuse_system_folder(path: Path) -> None:
+    """A run writes and deletes under its folder (`--force` moves it aside): never `/` or a system
+    folder, also not through a symlink."""
+    real = Path(os.path.realpath(path))
+    if real == Path("/") or any(real == Path(f) or Path(f) in real.parents for f in SYSTEM_FOLDERS):
+        shown = f"{path} (which resolves to {real})" if str(real) != str(path) else str(path)
+        raise ValueError(f"{shown} is / or a system folder: a run directory holds the run's files, choose one of "
+                         f"its own (default runs/NAME)")
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

@@ -9,6 +9,23 @@ from hindsight.data.chat import as_chat, format_of, normalise_row
 from hindsight.errors import DataError
 
 
+MAX_LINE_BYTES = 16 << 20  # one JSONL row; a longer line is refused before it is read whole
+MAX_DEPTH = 64             # nesting of one row (a chat message is 3 levels deep)
+
+
+def nesting_depth(value) -> int:
+    """How deeply lists and objects nest in `value`, without recursion."""
+    depth, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (list, dict)):
+            depth = max(depth, level)
+            if depth > MAX_DEPTH:
+                return depth
+            todo.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return depth
+
+
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     """Read a JSONL file; every error names the file and the 1-based line."""
     path = Path(path)
@@ -18,7 +35,10 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
         raise DataError(f"{path}: data path is a directory, not a JSONL file")
     rows = []
     with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+        for lineno, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:  # read no further: a 50 MB prompt line used to take 8.6 GB
+                raise DataError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES >> 20} MiB; split the row, "
+                                f"or shorten its text")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -30,6 +50,10 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                row = None
+            if row is None or nesting_depth(row) > MAX_DEPTH:
+                raise DataError(f"{path}:{lineno}: JSON nested deeper than {MAX_DEPTH} levels")
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             missing = [c for c in required if c not in row]

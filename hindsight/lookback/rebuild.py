@@ -58,6 +58,17 @@ def step_report_html(rl_dir: Path, step: int, tok, run_name: str, max_groups: in
                               lambda i: tok.decode([i]), max_groups, estimator)
 
 
+RUN_IDS = "mlflow_run_ids"  # in the RL folder: the MLflow runs that wrote it, one per line
+
+
+def owns(rl_dir: Path, run_id: str) -> bool:
+    """Whether the RL folder was written by MLflow run `run_id` (a tag alone can point anywhere)."""
+    try:
+        return run_id in (rl_dir / RUN_IDS).read_text().split()
+    except OSError:
+        return False
+
+
 def write_step_report(rl_dir: Path, step: int, tok, run_name: str, max_groups: int = 4,
                       out: Path | None = None) -> Path:
     out = out or rl_dir / "reports" / f"step-{step:06d}.html"

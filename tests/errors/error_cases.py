@@ -468,3 +468,26 @@ def _(ws, tmp):
     judge = {"fn": "rewards.judge:judge", "args": {"base_url": "http://127.0.0.1:1/v1", "model": "judge",
                                                    "rubric": "{completion}", "api_key": "sk-not-here"}}
     return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", rewards=[judge]))))
+
+
+@case("jsonl-line-too-long")
+def _(ws, tmp):
+    (tmp / "long.jsonl").write_text(json.dumps({"prompt": "x" * (17 << 20)}) + "\n")
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = str(tmp / "long.jsonl")
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("jsonl-too-deep")
+def _(ws, tmp):
+    (tmp / "deep.jsonl").write_text('{"prompt": "a", "x": ' + "[" * 5000 + "]" * 5000 + "}\n")
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = str(tmp / "deep.jsonl")
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("run-dir-system-folder")
+def _(ws, tmp):
+    os.symlink("/", tmp / "root-link")
+    cfg = base_config(ws, tmp / "root-link")
+    return Case(rl_args(write_config(tmp, cfg)))
