@@ -35,3 +35,12 @@ class AlertStop(HindsightError):
 
 class TrackingError(HindsightError):
     """The MLflow tracking server could not be reached; what it did not get is spooled."""
+
+
+class NonFiniteError(HindsightError):
+    """A loss, gradient or trained weight is not finite: the update was skipped, nothing is saved
+    or registered."""
+
+
+class Preempted(HindsightError):
+    """SIGTERM or SIGINT: the step in flight finished and was checkpointed; rerun to resume."""

@@ -13,6 +13,7 @@ from prefect.runtime import task_run
 
 from hindsight.config import PipelineConfig
 from hindsight.faults import crash_point
+from hindsight.state.checkpoint import require_finite
 from hindsight.stage import StageContext, StageResult, StageSpec, model_name
 import tracking
 from tasks.cache import cache_key_from_inputs
@@ -30,6 +31,7 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
         out = spec.story(StageContext(cfg=cfg, inputs=inputs, run_id=run_id,
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
         name = model_name(cfg, spec.registers)
+        require_finite(out.model_dir, spec.name)  # a NaN model is never registered
         version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
         try:
             crash_point("registered", 0)

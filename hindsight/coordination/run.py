@@ -23,7 +23,7 @@ from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
-from hindsight.errors import CheckpointError, RewardError
+from hindsight.errors import CheckpointError, NonFiniteError, RewardError
 from hindsight.experience import advantage_rows, experience_from_rows
 from hindsight.faults import crash_point
 from hindsight.learning.learner import Learner
@@ -143,7 +143,12 @@ class RLRun:
         train_rows, train_scores, metrics = self._train_groups(rows, scores)
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
             exp = experience_from_rows(train_rows, self.tok.pad_token_id, self.rl.samples_per_prompt, train_scores)
-            metrics.update(self.learner.train(exp, [r["group"] for r in train_rows]))
+            try:
+                metrics.update(self.learner.train(exp, [r["group"] for r in train_rows]))
+            except NonFiniteError as exc:
+                raise NonFiniteError(f"step {step}: {exc}, and the run stopped: nothing of this step is saved or "
+                                     f"registered. {self.newest_checkpoint()}; lower rl.lr (or fix what made the loss "
+                                     f"non-finite), then rerun the same command to resume from it") from None
             self.rollouts.publish(self.learner.policy)
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
             self.ledger.advance(step, "sealed", "scored")
@@ -180,9 +185,18 @@ class RLRun:
     def weights_finite(self) -> bool:
         return self.learner.finite()
 
+    def newest_checkpoint(self) -> str:
+        """Where a stopped run resumes: checkpoints are written only from finite weights."""
+        step = self.ckpt.latest_step()
+        return (f"The newest checkpoint, all finite, is step {step} ({self.ckpt.policy_dir(step)})" if step
+                else "There is no checkpoint yet: a rerun starts from the beginning")
+
     def checkpoint(self, done: int) -> None:
         if self.ckpt.latest_step() == done:
             return
+        if not self.weights_finite():  # never a checkpoint a resume would carry on from in NaN
+            raise NonFiniteError(f"step {done}: the policy's weights are not finite, so no checkpoint is written. "
+                                 f"{self.newest_checkpoint()}")
         self.rollouts.wait_ahead(done)  # async: the shards sampled with versions no checkpoint keeps
         self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint})
 

@@ -8,9 +8,13 @@ critic (PPO) also trains it on the same mini-batches.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, fields
 
 import torch
+
+from hindsight.errors import NonFiniteError
 
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.algorithms.base import AdvantageInputs, AlgorithmSettings
@@ -206,8 +210,9 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
             is_max = max(is_max, float((is_w * m).max()))
     share.sync(model.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-    optimizer.step()
     sums = share.total(sums)  # the mini-batch's, over the learner group
+    refuse_non_finite("policy", sums["loss"], grad_norm, optimizer)
+    optimizer.step()
     out = {k: v / max(totals.tokens, 1.0) for k, v in sums.items() if k != "loss"}
     if "is/mean" in out:
         out["is/max"] = is_max  # this rank's
@@ -228,10 +233,22 @@ def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], tota
                     "clipped_tokens": clipped * float(part.completion_mask.sum()) * weight})
     share.sync(critic.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
-    optimizer.step()
     sums = share.total(sums)
+    refuse_non_finite("critic", sums["critic/loss"], grad_norm, optimizer)
+    optimizer.step()
     return {"critic/loss": sums["critic/loss"], "critic/grad_norm": float(grad_norm),
             "critic/value_clip_fraction": sums["clipped_tokens"] / max(totals.tokens, 1.0)}
+
+
+def refuse_non_finite(what: str, loss: float, grad_norm: torch.Tensor, optimizer) -> None:
+    """A non-finite loss or gradient would turn every weight (and Adam's moments) into NaN: the
+    optimizer step is skipped and the update stops. The totals are the group's, so every rank of
+    a learner group stops at the same step."""
+    if math.isfinite(loss) and bool(torch.isfinite(grad_norm)):
+        return
+    optimizer.zero_grad(set_to_none=True)
+    raise NonFiniteError(f"the {what}'s loss is {loss:g} and its gradient norm {float(grad_norm):g}: the optimizer "
+                         f"step was skipped")
 
 
 def _add(sums: dict, more: dict) -> None:

@@ -178,3 +178,20 @@ class CheckpointManager:
             shutil.rmtree(self.critic_dir(old), ignore_errors=True)
             for comp in ("optimizer", "rng", "critic_optimizer"):
                 self.tensor_file(old, comp).unlink(missing_ok=True)
+
+
+def require_finite(folder, stage: str) -> None:
+    """Every tensor of the folder's safetensors files is finite, read one tensor at a time; else
+    a `NonFiniteError` naming the file and tensor (an all-NaN model must not be registered)."""
+    import torch
+    from safetensors import safe_open
+
+    from hindsight.errors import NonFiniteError
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise NonFiniteError(f"stage {stage}: {path.name} holds non-finite weights ({name}): the training "
+                                         f"diverged, so nothing is registered; lower the stage's lr and rerun")

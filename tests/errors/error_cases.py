@@ -491,3 +491,19 @@ def _(ws, tmp):
     os.symlink("/", tmp / "root-link")
     cfg = base_config(ws, tmp / "root-link")
     return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("rl-diverges")
+def _(ws, tmp):
+    """rl.lr: .inf is refused as a config float; a finite lr that diverges is stopped at the step."""
+    (tmp / "varied_reward.py").write_text("def varied(completions, **kw):\n    return [float(len(c) % 3) for c in completions]\n")
+    cfg = base_config(ws, tmp / "run", lr=1e30, steps=4, rewards=[{"fn": "varied_reward:varied"}])
+    return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
+
+
+@case("sft-diverges")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    cfg["sft"] = {"enabled": True, "lr": 1e30, "max_steps": 3, "batch_size": 8, "max_length": 32}
+    cfg["model"] = {"base": str(ws.init)}
+    return Case(["run", "sft", "-c", str(write_config(tmp, cfg).name)], keeps_state=True)
