@@ -94,8 +94,11 @@ def guard(fn, debug: bool):
     except HindsightError as exc:
         if debug:
             raise
-        from hindsight.errors import AlertStop
+        from hindsight.errors import AlertStop, Preempted
 
+        if isinstance(exc, Preempted):  # 128 + the signal, as a process killed by it would exit
+            typer.secho(f"preempted: {exc}", fg="yellow", err=True)
+            raise typer.Exit(128 + exc.signum) from None
         stopped = isinstance(exc, AlertStop)
         typer.secho(f"{'stopped' if stopped else 'error'}: {exc}", fg="yellow" if stopped else "red", err=True)
         raise typer.Exit(3 if stopped else 1) from None

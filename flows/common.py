@@ -2,6 +2,7 @@
 declares it reads, its input models from the registry, then the cached, retried stage task."""
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -84,7 +85,9 @@ def run_stage(spec: StageSpec, cfg: PipelineConfig, force: bool):
         try:
             result = state.result()
         except HindsightError as exc:
-            raise type(exc)(f"stage {spec.name}: {exc}") from exc
+            named = copy.copy(exc)  # the same class and attributes (a preemption's signal), the stage named
+            named.args = (f"stage {spec.name}: {exc}",)
+            raise named from exc
         except Exception as exc:
             raise StageError(
                 f"stage {spec.name} failed after {cfg.retries.count + 1} attempt(s): {type(exc).__name__}: {exc}. "

@@ -15,11 +15,12 @@ from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.data.rows import format_mismatch
 from hindsight.models.lora import export_adapter, export_merged
-from hindsight.errors import AlertStop
+from hindsight.errors import AlertStop, Preempted
 from hindsight.faults import crash_point
 from hindsight.lookback.rebuild import RUN_IDS
 from hindsight.state.fsutil import append_line
 from hindsight.state.fingerprint import check_not_finished
+from hindsight.preemption import Preemption
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 import tracking
@@ -75,9 +76,11 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
     progress = StepProgress("rl", cfg.rl.steps, start)
+    preemption = Preemption()
 
     def after_step(step: int, out: dict) -> None:
-        """After each step: evaluate when due, record replayed prompts, show progress, watch."""
+        """After each step: evaluate when due, record replayed prompts, show progress, watch; on
+        SIGTERM, checkpoint the step and stop."""
         done, metrics = step + 1, _numeric(out)
         if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
             metrics["eval/accuracy"] = evaluate_task(key)
@@ -85,6 +88,11 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
             tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
         progress.advance(done, f"reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
         _watch(cfg, key, run_id, done, metrics)
+        if preemption.requested and done < cfg.rl.steps:
+            get_run(key).checkpoint(done)
+            raise Preempted(f"preempted by {preemption.name()} after step {done} of {cfg.rl.steps}: its checkpoint "
+                            f"is written under {cfg.root / 'rl' / 'checkpoints'}; rerun the same command to resume "
+                            f"from step {done}", preemption.received)
 
     # one task per checkpoint interval: a retried task continues at the step that failed and
     # redoes only the groups not yet written; a failure once an update has begun is not
@@ -92,8 +100,9 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
     steps_run = steps_task.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
                                         retry_condition_fn=lambda *a: transient(*a) and not get_run(key).updating)
     try:
-        for first, last in checkpoint_spans(start, cfg.rl.steps, cfg.rl.save_every):
-            steps_run(key, first, last, after_step)
+        with preemption:
+            for first, last in checkpoint_spans(start, cfg.rl.steps, cfg.rl.save_every):
+                steps_run(key, first, last, after_step)
     finally:
         progress.close()
 

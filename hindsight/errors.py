@@ -44,3 +44,7 @@ class NonFiniteError(HindsightError):
 
 class Preempted(HindsightError):
     """SIGTERM or SIGINT: the step in flight finished and was checkpointed; rerun to resume."""
+
+    def __init__(self, message: str, signum: int = 15):
+        super().__init__(message)
+        self.signum = signum

@@ -14,7 +14,7 @@ from pathlib import Path
 from mlflow.entities import Param, RunTag
 
 from hindsight.config import PipelineConfig, flatten
-from hindsight.errors import AlertStop
+from hindsight.errors import AlertStop, Preempted
 from tracking.metrics import flush_metrics
 from tracking.store import client, experiment_id
 from tracking.writes import write
@@ -54,7 +54,7 @@ def stage_run(cfg: PipelineConfig, name: str, parent_run_id: str | None, attempt
     run_id = start_run(cfg, name, parent_run_id, {**(tags or {}), "hindsight.attempt": str(attempt)})
     try:
         yield run_id
-    except AlertStop as exc:  # stopped on purpose, resumable: not a failure of the code
+    except (AlertStop, Preempted) as exc:  # stopped on purpose, resumable: not a failure of the code
         set_tags(cfg, run_id, {"hindsight.stopped": str(exc)[:5000]})
         end_run(cfg, run_id, "KILLED")
         raise

@@ -30,7 +30,11 @@ class RewardExited(Exception):
 
 
 def _serve(conn) -> None:
+    import signal
+
     from hindsight.scoring.rewards import load_reward_fn, plain_result
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the stage decides, not the worker
 
     while True:
         msg = conn.recv()
