@@ -13,11 +13,13 @@ from hindsight.data.demo import DEMO_FILES, build_demo_data
 from hindsight.errors import DataError, HindsightError, StageError, TrackingError
 from hindsight.console import say
 from hindsight.coordination.resume import archive_run_dir
+from hindsight.state.fsutil import sweep_temporaries
 from hindsight.state.runlock import run_lock
 from hindsight.stage import StageContext, StageResult, StageSpec, preflight
 from tasks.cache import declared_key
 from tasks.stages import stage_task
 from tracking.spool import Spool
+import tracking
 from tracking import SPOOLED, resolve_model
 
 log = logging.getLogger("hindsight")
@@ -25,6 +27,11 @@ log = logging.getLogger("hindsight")
 
 def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_id: str | None) -> StageResult:
     with run_lock(cfg.root):  # a deployed flow holds it too, not only the CLI
+        left = sweep_temporaries(cfg.root)  # a killed run's half-written files, and its runs left RUNNING
+        ended = tracking.end_orphaned_runs(cfg)
+        if left or ended:
+            say(f"a killed run left {len(left)} temporary files (removed) and {len(ended)} MLflow runs RUNNING "
+                f"(ended as KILLED)")
         data_md5 = ensure_data(cfg)
         preflight(spec, cfg)
         if force:  # retrain from the stage's inputs: its old state is kept, aside, never resumed from

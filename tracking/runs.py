@@ -15,6 +15,7 @@ from mlflow.entities import Param, RunTag
 
 from hindsight.config import PipelineConfig, flatten
 from hindsight.errors import AlertStop, Preempted
+from hindsight.state.fsutil import atomic_write_json, read_json
 from tracking.metrics import flush_metrics
 from tracking.store import client, experiment_id
 from tracking.writes import write
@@ -29,7 +30,42 @@ def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, 
     if not _ACTIVE:  # registered with the first run, not at import
         atexit.register(_end_leftover_runs)
     _ACTIVE[run.info.run_id] = cfg
+    _record_open(cfg, run.info.run_id, True)
     return run.info.run_id
+
+
+OPEN_RUNS = "mlflow-open-runs.json"  # in the run directory: runs started and not yet ended
+
+
+def _record_open(cfg: PipelineConfig, run_id: str, is_open: bool) -> None:
+    """Keep the run directory's list of its MLflow runs that are still open: a SIGKILLed process
+    cannot end them, so the next start does (`end_orphaned_runs`)."""
+    path = cfg.root / OPEN_RUNS
+    runs = set(read_json(path) or []) if path.exists() else set()
+    runs = runs | {run_id} if is_open else runs - {run_id}
+    if runs or path.exists():
+        atomic_write_json(path, sorted(runs))
+
+
+def end_orphaned_runs(cfg: PipelineConfig) -> list[str]:
+    """End as KILLED the runs a killed process left RUNNING in this run directory (called at a
+    stage's start, under the run lock, so none of them can still be live)."""
+    path = cfg.root / OPEN_RUNS
+    orphans = [r for r in (read_json(path) or []) if r not in _ACTIVE] if path.exists() else []
+    ended = []
+    for run_id in orphans:
+        try:
+            run = client(cfg).get_run(run_id)
+        except Exception:  # deleted, or another store: nothing to end
+            run = None
+        if run is not None and run.info.status == "RUNNING":
+            set_tags(cfg, run_id, {"hindsight.ended_by": "the next start in this run directory: its process was "
+                                                         "killed before it could end the run"})
+            write(cfg, run_id, "terminate", lambda r=run_id: client(cfg).set_terminated(r, status="KILLED"),
+                  status="KILLED")
+            ended.append(run_id)
+        _record_open(cfg, run_id, False)
+    return ended
 
 
 _ACTIVE: dict[str, PipelineConfig] = {}  # runs this process started and has not ended
@@ -111,6 +147,7 @@ def log_artifact(cfg: PipelineConfig, run_id: str, path: str | Path, artifact_pa
 
 def end_run(cfg: PipelineConfig, run_id: str, status: str = "FINISHED") -> None:
     _ACTIVE.pop(run_id, None)
+    _record_open(cfg, run_id, False)
     try:
         flush_metrics()
     finally:  # a failed flush still ends the run, and then raises
