@@ -194,14 +194,17 @@ def server_status():
 
 
 def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME) whose MLflow writes were spooled"),
-         debug: bool = DebugOpt):
+         tracking_uri: Optional[str] = TrackingOpt, debug: bool = DebugOpt):
     """Send what a run spooled while the MLflow server was unreachable (metrics, tags, params,
-    artifacts, its final status), and complete a registration that could not happen."""
+    artifacts, its final status), and complete a registration that could not happen. The store
+    is the configured one (--tracking-uri, $MLFLOW_TRACKING_URI, ./mlflow.db), never one named
+    in the spool; each spooled line is checked before it is sent."""
     def go():
+        from hindsight.config import PipelineConfig
         from hindsight.errors import ConfigError
         from hindsight.state.runlock import run_lock
         from tracking.spool import Spool
-        from tracking import sync_spool
+        from tracking import sync_spool, tracking_uri as configured
 
         spool = Spool(run_dir)
         if not run_dir.is_dir():
@@ -210,11 +213,17 @@ def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME)
         if not pending:
             typer.echo(f"{run_dir}: nothing spooled, MLflow has everything")
             return
+        uri = configured(PipelineConfig.model_validate({"tracking": {"tracking_uri": tracking_uri}}))
+        written_for = {op.get("uri") for _, op in pending if isinstance(op, dict)}
+        if written_for - {uri}:
+            raise ConfigError(f"{spool.ops}: spooled for {', '.join(sorted(map(str, written_for - {uri})))}, but this "
+                              f"sync would send to {uri}; pass --tracking-uri (or set MLFLOW_TRACKING_URI) to the "
+                              f"store the run wrote to")
         with run_lock(run_dir):
-            sent = sync_spool(run_dir)
-        registered = [f"{op['model_name']} v{spool.registered_version(op['run_id'])}" for op in pending
+            sent = sync_spool(run_dir, uri)
+        registered = [f"{op['model_name']} v{spool.registered_version(op['run_id'])}" for _, op in pending
                       if op["op"] == "register"]
-        typer.echo(f"{run_dir}: sent {sent} spooled tracking write(s) to {pending[0]['uri']}"
+        typer.echo(f"{run_dir}: sent {sent} spooled tracking write(s) to {uri}"
                    + (f"; registered {', '.join(registered)}" if registered else ""))
 
     env()

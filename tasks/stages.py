@@ -26,11 +26,12 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
                parent_run_id: str | None) -> StageResult:
     t0 = time.perf_counter()
     attempt = task_run.run_count or 1  # each attempt is its own MLflow run
-    with tracking.stage_run(cfg, spec.name, parent_run_id, attempt, {"hindsight.cache_key": cache_key}) as run_id:
+    name = model_name(cfg, spec.registers)  # tagged on the run: the one model a replayed spool may register for it
+    with tracking.stage_run(cfg, spec.name, parent_run_id, attempt,
+                            {"hindsight.cache_key": cache_key, "hindsight.model": name}) as run_id:
         tracking.log_context(cfg, run_id, data_md5)
         out = spec.story(StageContext(cfg=cfg, inputs=inputs, run_id=run_id,
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
-        name = model_name(cfg, spec.registers)
         require_finite(out.model_dir, spec.name)  # a NaN model is never registered
         version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
         try:

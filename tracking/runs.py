@@ -23,7 +23,8 @@ from tracking.writes import write
 
 def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, tags: dict | None = None) -> str:
     c = client(cfg)
-    all_tags = {"hindsight.stage": name, **(tags or {})}
+    # the run directory that owns it: `hindsight sync` replays a spooled write only to runs it started
+    all_tags = {"hindsight.stage": name, "hindsight.run_dir": str(cfg.root.resolve()), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = c.create_run(experiment_id(c, cfg), run_name=name, tags=all_tags)

@@ -50,30 +50,38 @@ class Spool:
         append_line(self.ops, json.dumps({"op": op, "uri": uri, "run_id": run_id, "time": time.time(), **payload},
                                          default=str))
 
-    def pending(self) -> list[dict]:
+    def pending(self) -> list[tuple[int, dict | None]]:
+        """(line number, operation) of what is not replayed yet; None for a line that is not JSON.
+        Only the last line can be torn by a crash mid-append: it is left out, as never complete."""
         if not self.ops.exists():
             return []
-        lines = [line for line in self.ops.read_text(encoding="utf-8").splitlines() if line.strip()]
-        ops = []
-        for line in lines[(read_json(self.done, default={}) or {}).get("count", 0):]:
-            try:
-                ops.append(json.loads(line))
-            except ValueError:  # a line torn by a crash mid-append: it was never complete
+        lines = self.ops.read_text(encoding="utf-8", errors="replace").splitlines()
+        start = (read_json(self.done, default={}) or {}).get("count", 0)
+        out = []
+        for lineno, line in enumerate(lines[start:], start=start + 1):
+            if not line.strip():
                 continue
-        return ops
+            try:
+                out.append((lineno, json.loads(line)))
+            except ValueError:
+                if lineno == len(lines):
+                    continue
+                out.append((lineno, None))
+        return out
 
-    def replay(self, apply) -> int:
-        """`apply(op)` each pending op in order; stops at the first failure (which raises).
-        Progress is recorded after each op, so a second replay never sends one twice."""
-        ops, n = self.pending(), 0
-        count = (read_json(self.done, default={}) or {}).get("count", 0)
-        for op in ops:
+    def replay(self, apply, check) -> int:
+        """`check(op, where)` then `apply(op)` each pending op in order; stops at the first failure
+        (which raises), a malformed or refused line included. Progress is recorded after each op,
+        so a second replay never sends one twice."""
+        n = 0
+        for lineno, op in self.pending():
+            check(op, f"{self.ops}:{lineno}")
             result = apply(op)
             if op["op"] == "register":
                 atomic_write_json(self.registered, {**(read_json(self.registered, default={}) or {}),
                                                     op["run_id"]: str(result)})
-            count, n = count + 1, n + 1
-            atomic_write_json(self.done, {"count": count})
+            n += 1
+            atomic_write_json(self.done, {"count": lineno})
         return n
 
     def registered_version(self, run_id: str) -> str | None:

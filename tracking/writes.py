@@ -2,6 +2,7 @@
 the server is unreachable, and replayed (`sync_spool`) once a later write gets through."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
@@ -9,6 +10,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from hindsight.config import PipelineConfig
+from hindsight.errors import TrackingError
 from tracking.spool import OUTAGE, Spool, unreachable
 from tracking.store import client_for, tracking_uri
 
@@ -29,7 +31,7 @@ def write(cfg: PipelineConfig, run_id: str, op: str, send, **payload):
         return None
     if OUTAGE.came_back(uri):
         try:
-            sync_spool(cfg.root)
+            sync_spool(cfg.root, uri)
         except Exception as exc:  # down again: what is left stays spooled
             if not unreachable(exc):
                 raise
@@ -37,14 +39,60 @@ def write(cfg: PipelineConfig, run_id: str, op: str, send, **payload):
     return result
 
 
-def sync_spool(run_dir: str | Path) -> int:
-    """Send what a run spooled during an outage; returns how many writes went out."""
-    return Spool(run_dir).replay(_apply)
+class SpoolError(TrackingError):
+    """A spooled operation that is malformed, or would do what its run never could."""
 
 
-def _apply(op: dict):
-    c, run_id = client_for(op["uri"]), op["run_id"]
-    kind = op["op"]
+def sync_spool(run_dir: str | Path, uri: str) -> int:
+    """Send what a run spooled during an outage to the store at `uri` (the configured one, never
+    one read from the spool); returns how many writes went out. Each operation is checked first
+    (`SpoolCheck`): the spool is replayed, never obeyed."""
+    check = SpoolCheck(client_for(uri), Path(run_dir))
+    return Spool(run_dir).replay(lambda op: _apply(check.client, op), check)
+
+
+class SpoolCheck:
+    """What a spooled operation may do: touch only runs this run directory started (their
+    `hindsight.run_dir` tag, set when the run was created on the server), register only the model
+    its run's stage registers (`hindsight.model`), and read only files inside the run directory."""
+
+    def __init__(self, c: MlflowClient, run_dir: Path):
+        self.client, self.root = c, run_dir.resolve()
+        self._runs: dict[str, dict] = {}
+
+    def __call__(self, op, where: str) -> None:
+        if not isinstance(op, dict) or op.get("op") not in _FIELDS:
+            raise SpoolError(f"{where}: not a spooled operation ({str(op)[:80]!r})")
+        missing = [k for k, kind in _FIELDS[op["op"]].items() if not isinstance(op.get(k), kind)]
+        if missing or not isinstance(op.get("run_id"), str):
+            raise SpoolError(f"{where}: spooled {op['op']!r} lacks or mistypes {sorted(missing) or ['run_id']}")
+        tags = self._tags(op["run_id"], where)
+        if tags.get("hindsight.run_dir") != str(self.root):
+            raise SpoolError(f"{where}: run {op['run_id']} was not started by {self.root}; refusing to write to it")
+        for key in ("path", "local_dir"):
+            if key in op and not Path(os.path.realpath(op[key])).is_relative_to(self.root):
+                raise SpoolError(f"{where}: {key} {op[key]} is outside the run directory {self.root}")
+        if op["op"] == "register" and op["model_name"] != tags.get("hindsight.model"):
+            raise SpoolError(f"{where}: run {op['run_id']} registers {tags.get('hindsight.model')!r}, not "
+                             f"{op['model_name']!r}")
+
+    def _tags(self, run_id: str, where: str) -> dict:
+        if run_id not in self._runs:
+            try:
+                self._runs[run_id] = self.client.get_run(run_id).data.tags
+            except MlflowException:
+                raise SpoolError(f"{where}: run {run_id} is not in the store at {self.client.tracking_uri}") from None
+        return self._runs[run_id]
+
+
+_FIELDS = {"metrics": {"metrics": list}, "tags": {"tags": dict}, "params": {"params": dict},
+           "artifact": {"path": str}, "text": {"text": str, "artifact_file": str},
+           "register": {"local_dir": str, "model_name": str, "aliases": list},
+           "terminate": {"status": str}}
+
+
+def _apply(c: MlflowClient, op: dict):
+    run_id, kind = op["run_id"], op["op"]
     if kind == "metrics":
         c.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in op["metrics"]])
     elif kind == "tags":
@@ -52,19 +100,24 @@ def _apply(op: dict):
     elif kind == "params":
         c.log_batch(run_id, params=[Param(k, v) for k, v in op["params"].items()])
     elif kind == "artifact":
-        (c.log_artifacts if Path(op["path"]).is_dir() else c.log_artifact)(run_id, op["path"], op["artifact_path"])
+        (c.log_artifacts if Path(op["path"]).is_dir() else c.log_artifact)(run_id, op["path"], op.get("artifact_path"))
     elif kind == "text":
         c.log_text(run_id, op["text"], op["artifact_file"])
     elif kind == "register":
         return register_version(c, run_id, op["local_dir"], op["model_name"], tuple(op["aliases"]), op.get("tags"))
     elif kind == "terminate":
         c.set_terminated(run_id, status=op["status"])
-    else:
-        raise ValueError(f"unknown spooled operation {kind!r}")
 
 
 def register_version(c: MlflowClient, run_id: str, local_dir: str | Path, model_name: str, aliases: tuple[str, ...],
               tags: dict | None = None) -> str:
+    """One version per run: a replay after a sync killed once the version existed finds it again."""
+    try:
+        existing = c.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
+    except MlflowException:
+        existing = []
+    if existing:
+        return str(existing[0].version)
     c.log_artifacts(run_id, str(local_dir), artifact_path="checkpoint")
     source = f"{c.get_run(run_id).info.artifact_uri}/checkpoint"
     try:
@@ -74,4 +127,4 @@ def register_version(c: MlflowClient, run_id: str, local_dir: str | Path, model_
     mv = c.create_model_version(model_name, source, run_id=run_id, tags=tags or None)
     for alias in aliases:
         c.set_registered_model_alias(model_name, alias, mv.version)
-    return mv.version
+    return str(mv.version)
