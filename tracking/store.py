@@ -67,10 +67,17 @@ def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
 
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+        user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+        probe = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                             auth=(user, password) if user else None, timeout=timeout_s)
     except requests.RequestException as exc:
         reason = str(exc).split("(Caused by ")[-1].rstrip(")")[:200]
         raise ConfigError(f"tracking: the MLflow server at {uri} cannot be reached ({reason}); start it, or point "
                           f"tracking.tracking_uri / MLFLOW_TRACKING_URI at one that runs") from None
+    if probe.status_code in (401, 403):  # a server with auth (docs/deploy.md): say so once, not in a traceback
+        given = "refused the credentials in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" if user else \
+            "asks for credentials: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+        raise ConfigError(f"tracking: the MLflow server at {uri} {given} (HTTP {probe.status_code})")
 
 
 _CLIENTS: dict[str, MlflowClient] = {}
