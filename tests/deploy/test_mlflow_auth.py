@@ -10,7 +10,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 from tests.configs import rl_only, write
 from tests.conftest import _free_port, served
