@@ -149,13 +149,19 @@ def compare(run_a: str = typer.Argument(..., help="MLflow run id or name"),
 
 def scale(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME) of a running RL stage"),
           rollout: int = typer.Option(..., "--rollout", help="rollout workers from the next step on"),
+          wait: float = typer.Option(30.0, "--wait", help="seconds to wait for the run to apply or refuse it"),
           debug: bool = DebugOpt):
     """Change a running RL stage's rollout workers (rl.workers.placement: ray). A new worker takes
     leases from the next step, after it has synced the current weights version."""
     def go():
-        from hindsight.coordination.placement import request_scale
+        from hindsight.coordination.placement import scale_outcome, request_scale
 
-        typer.echo(f"wrote {request_scale(run_dir, rollout)}: {rollout} rollout worker(s) from the next step")
+        path = request_scale(run_dir, rollout)
+        outcome = scale_outcome(path, wait_s=wait)
+        if outcome is None:
+            typer.echo(f"wrote {path}: {rollout} rollout worker(s) from the next step (not applied yet)")
+        else:
+            typer.echo(f"{path.parent}: {outcome}")
 
     guard(go, debug)
 

@@ -67,6 +67,9 @@ class WorkersConfig(Strict):
     learner: int = Field(1, ge=1, description="learner processes in one torch.distributed group for the stage "
                                               "(this process and learner - 1 Ray actors); the batch stays global")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
+    placement_timeout_s: float = Field(60.0, gt=0, description="an actor the Ray cluster has not placed by then is "
+                                                              "dropped (a line in the log); the run keeps the "
+                                                              "workers it has")
     placement: Literal["local", "ray"] = Field(
         "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
     resources: dict[Literal["rollout", "scorer", "learner"], RoleResources] = Field(

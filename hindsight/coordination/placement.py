@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -54,6 +55,14 @@ def start_ray(address: str | None, needs: dict[str, float] | None = None, wait_s
     return ray
 
 
+SCALE_RESULT = "scale-result.json"  # what the run made of the latest `hindsight scale` request
+
+
+def _free(ray) -> dict[str, float]:
+    free = ray.available_resources()
+    return {k: float(free.get(k, 0.0)) for k in ("CPU", "GPU")}
+
+
 def request_scale(run_dir: str | Path, rollout: int) -> Path:
     """`hindsight scale`: ask a running RL stage for `rollout` workers from its next step on."""
     rl_dir = Path(run_dir) / "rl" if (Path(run_dir) / "rl").is_dir() else Path(run_dir)
@@ -62,8 +71,23 @@ def request_scale(run_dir: str | Path, rollout: int) -> Path:
     if rollout < 1:
         raise ConfigError(f"--rollout {rollout}: a run needs at least 1 rollout worker")
     path = rl_dir / "scale.json"
-    atomic_write_json(path, {"rollout": rollout})
+    atomic_write_json(path, {"rollout": rollout, "id": uuid.uuid4().hex})  # each request answered once
     return path
+
+
+def scale_outcome(request: Path, wait_s: float) -> str | None:
+    """What the run made of the request: a line when it was applied, a `ConfigError` when it was
+    refused (the resources it needs against what is free), None when not handled within `wait_s`."""
+    wanted, deadline = read_json(request), time.monotonic() + wait_s
+    while True:
+        result = read_json(request.parent / SCALE_RESULT, default=None) or {}
+        if result.get("request") == wanted:
+            if "refused" in result:
+                raise ConfigError(f"hindsight scale: refused at step {result['step']}: {result['refused']}")
+            return f"rollout workers scaled from {result['scaled'][0]} to {result['scaled'][1]} at step {result['step']}"
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
 
 
 def actor_env(workers) -> dict[str, str]:
@@ -96,21 +120,36 @@ class _Pool:
         self.actor_cls = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                          runtime_env={"env_vars": actor_env(workers)})(actor_cls)
         self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
+        self.placement_s, self.each = workers.placement_timeout_s, res
         self.ledger = Ledger(rl_dir)
         self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
         for _ in range(n):
             self._spawn()
+        if not self.actors:
+            raise ConfigError(f"rl.workers: no {self.role} actor could be placed on the Ray cluster within "
+                              f"{self.placement_s:g} s (rl.workers.placement_timeout_s)")
 
-    def _spawn(self) -> str:
+    def _spawn(self) -> str | None:
+        """Start one actor; None when the cluster has not placed it within placement_timeout_s (it
+        is dropped with a log line: the pool keeps the actors it has, rather than waiting forever)."""
         actor_id = f"{self.role}-{self.spawned}"
         self.spawned += 1
-        self.actors[actor_id] = self.actor_cls.remote(actor_id, *self.args)
-        self.hosts[actor_id] = self.ray.get(self.actors[actor_id].where.remote())  # for the death record
+        actor = self.actor_cls.remote(actor_id, *self.args)
+        try:
+            self.hosts[actor_id] = self.ray.get(actor.where.remote(), timeout=self.placement_s)  # for the death record
+        except self.ray.exceptions.GetTimeoutError:
+            self.ray.kill(actor)
+            log.warning("%s %s could not be placed on the Ray cluster within %g s: dropped (free now: %s)",
+                        self.role, actor_id, self.placement_s, _free(self.ray))
+            return None
+        self.actors[actor_id] = actor
         return actor_id
 
     def _replace(self, step: int, actor_id: str, why: str, written: list[int], back: list[int]) -> None:
         self.ray.kill(self.actors.pop(actor_id))
         new_id = self._spawn()
+        if new_id is None and not self.actors:
+            raise ConfigError(f"rl.workers: the last {self.role} actor {why} and no replacement could be placed")
         self.deaths += 1
         self.reassigned += len(back)
         event = {"time": time.time(), "step": step, "role": self.role, "worker": actor_id,
@@ -161,19 +200,34 @@ class RayRolloutPool(_Pool):
 
     def resize(self, step: int) -> None:
         """Apply a `hindsight scale` request (`rl/scale.json`) at a step boundary: an added worker
-        syncs the current weights before its first lease; a removed one finished its last lease."""
-        want = (read_json(self.dir / "scale.json", default=None) or {}).get("rollout")
-        if not want or want == len(self.actors):
+        syncs the current weights before its first lease; a removed one finished its last lease. A
+        request the cluster cannot place is refused, with what it needs against what is free
+        (`rl/scale-result.json`, read by `hindsight scale`), and the run keeps its workers."""
+        request = read_json(self.dir / "scale.json", default=None) or {}
+        want = request.get("rollout")
+        if not want or want == len(self.actors) or request == (read_json(self.dir / SCALE_RESULT) or {}).get("request"):
             return
         before = list(self.actors)
-        while len(self.actors) < want:
-            self._spawn()
+        need = {"CPU": (want - len(before)) * self.each.num_cpus, "GPU": (want - len(before)) * self.each.num_gpus}
+        free = _free(self.ray)
+        short = {k: v for k, v in need.items() if v > 0 and v > free.get(k, 0.0) + 1e-9}
+        if short:
+            why = (f"--rollout {want} needs {', '.join(f'{v:g} more {k}s' for k, v in short.items())} "
+                   f"({self.each.num_cpus:g} CPU, {self.each.num_gpus:g} GPU each), but the Ray cluster has "
+                   f"{', '.join(f'{free.get(k, 0.0):g} {k}s' for k in short)} free; kept {len(before)} workers")
+            atomic_write_json(self.dir / SCALE_RESULT, {"request": request, "refused": why, "step": step})
+            log.warning("hindsight scale refused at step %d: %s", step, why)
+            return
+        while len(self.actors) < want and self._spawn() is not None:
+            pass
         for actor_id in list(self.actors)[want:]:
             self.ray.kill(self.actors.pop(actor_id))
-        event = {"time": time.time(), "step": step, "role": self.role, "scaled": [len(before), want],
+        event = {"time": time.time(), "step": step, "role": self.role, "scaled": [len(before), len(self.actors)],
                  "workers": list(self.actors)}
         append_line(self.dir / "workers.jsonl", json.dumps(event))
-        log.warning("rollout workers scaled from %d to %d at step %d", len(before), want, step)
+        atomic_write_json(self.dir / SCALE_RESULT, {"request": request, "scaled": [len(before), len(self.actors)],
+                                                    "step": step})
+        log.warning("rollout workers scaled from %d to %d at step %d", len(before), len(self.actors), step)
 
     def publish(self, version: int, state_dict) -> None:
         """A new weights version for every actor, through Ray's object store (put once)."""

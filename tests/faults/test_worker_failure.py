@@ -95,8 +95,8 @@ def test_a_worker_added_mid_run_joins_and_the_weights_match_a_fixed_size_run(ini
     run = RLRun(cfg, path, None)
     for step in range(STEPS):
         if step == 2:
-            out = subprocess.run([sys.executable, "-m", "cli", "scale", str(tmp_path / "grown"), "--rollout", "2"],
-                                 capture_output=True, text=True)
+            out = subprocess.run([sys.executable, "-m", "cli", "scale", str(tmp_path / "grown"), "--rollout", "2",
+                                  "--wait", "0"], capture_output=True, text=True)
             assert out.returncode == 0, out.stderr
         run.rollout(step), run.score(step), run.update(step)
     workers = [{e.worker for e in run.ledger.read(s).values()} for s in range(STEPS)]
@@ -106,3 +106,68 @@ def test_a_worker_added_mid_run_joins_and_the_weights_match_a_fixed_size_run(ini
     for (k, a), (_, b) in zip(fixed.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.equal(a, b), k
     fixed.close(), run.close()
+
+
+def test_a_scale_the_cluster_cannot_place_is_refused_and_the_run_keeps_its_workers(init, tmp_path):
+    """`--rollout 64` on this machine's embedded cluster (a CPU or two): refused with what it needs
+    against what is free, the run keeps its one worker and goes on; the request's answer is what
+    `hindsight scale` prints."""
+    import subprocess
+    import sys
+    import threading
+
+    from hindsight.coordination.placement import request_scale, scale_outcome
+
+    work, path = init
+    cfg = _run(work, path, tmp_path / "unused")[0].cfg.model_copy(update={"run_dir": str(tmp_path / "asked")})
+    cfg.rl.workers.placement = "ray"
+    run = RLRun(cfg, path, None)
+    answer = {}
+
+    def ask():
+        answer["cli"] = subprocess.run([sys.executable, "-m", "cli", "scale", str(tmp_path / "asked"), "--rollout",
+                                        "64", "--wait", "120"], capture_output=True, text=True)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    while not (run.dir / "scale.json").exists():
+        pass
+    for step in range(STEPS):
+        run.rollout(step), run.score(step), run.update(step)
+    asker.join(timeout=150)
+    res = answer["cli"]
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "error: hindsight scale: refused at step 0: --rollout 64 needs 31.5 more CPUs (0.5 CPU, 0 GPU each), " \
+           "but the Ray cluster has" in res.stderr and "kept 1 workers" in res.stderr
+    assert [{e.worker for e in run.ledger.read(s).values()} for s in range(STEPS)] == [{"rollout-0"}] * STEPS
+    again = request_scale(tmp_path / "asked", 64)  # a new request is answered anew, not from the old answer
+    assert scale_outcome(again, wait_s=0) is None
+    run.close()
+
+
+class Probe:
+    def __init__(self, actor_id):
+        self.id = actor_id
+
+    def where(self):
+        return "here"
+
+
+def test_an_actor_the_cluster_cannot_place_is_dropped_after_the_timeout(tmp_path, caplog):
+    """A GPU actor on this CPU-only cluster: dropped with a log line after placement_timeout_s,
+    instead of the run waiting for it forever (the reported freeze at step 28)."""
+    import logging
+
+    from hindsight.config.rl import WorkersConfig
+    from hindsight.coordination.placement import _Pool
+    from hindsight.errors import ConfigError
+
+    class GPUPool(_Pool):
+        role = "rollout"
+
+    workers = WorkersConfig.model_validate({"placement": "ray", "placement_timeout_s": 2,
+                                            "resources": {"rollout": {"num_cpus": 0.1, "num_gpus": 1}}})
+    with caplog.at_level(logging.WARNING, logger="hindsight"):
+        with pytest.raises(ConfigError, match="no rollout actor could be placed on the Ray cluster within 2 s"):
+            GPUPool(Probe, 1, workers, tmp_path, ())
+    assert "rollout rollout-0 could not be placed on the Ray cluster within 2 s: dropped" in caplog.text
