@@ -91,12 +91,15 @@ def main() -> None:
         metrics = work / "runs/long/rl/metrics.jsonl"
         proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", "rl.yaml"], cwd=work, env=env,
                                 stdout=subprocess.DEVNULL, stderr=open(work / "log", "w"))
-        done_at, rss, seen = {}, {}, 0
+        done_at, rss, seen, offset, n = {}, {}, 0, 0, 0
         while proc.poll() is None:
-            try:
-                n = metrics.read_bytes().count(b"\n")
+            try:  # only the bytes appended since the last look: reading the whole log would grow with it
+                with metrics.open("rb") as fh:
+                    fh.seek(offset)
+                    new = fh.read()
+                offset, n = offset + len(new), n + new.count(b"\n")
             except FileNotFoundError:
-                n = 0
+                pass
             if n > seen:
                 now = time.monotonic()
                 for step in range(seen + 1, n + 1):

@@ -40,8 +40,14 @@ def rule(message: str):
 
 
 def window_mean(history: list[dict], key: str, window: int) -> float | None:
-    """Mean of `key` over the last `window` steps that logged it; None until there are that many."""
-    values = [as_float(h[key]) for h in history if key in h][-window:]
+    """Mean of `key` over the last `window` steps that logged it; None until there are that many.
+    Read from the newest step back, so a step's rules cost the window, not the run's length."""
+    values = []
+    for h in reversed(history):
+        if key in h:
+            values.append(as_float(h[key]))
+            if len(values) == window:
+                break
     if len(values) < window:
         return None
     return sum(values) / window
@@ -104,8 +110,10 @@ def reward_hacking(history, threshold, window):
     an eval point is the mean of `reward/mean` over the last steps before it (the first step's
     reward for the initial eval, which ran before any rollout).
     """
+    if not history or "eval/accuracy" not in history[-1]:  # only an eval step can fire: no scan on the others
+        return None
     evals = [(h["step"], as_float(h["eval/accuracy"])) for h in history if "eval/accuracy" in h]
-    if len(evals) <= window or "eval/accuracy" not in history[-1]:
+    if len(evals) <= window:
         return None
     (s0, acc0), (s1, acc1) = evals[-1 - window], evals[-1]
     r0, r1 = _reward_at(history, s0), _reward_at(history, s1)
