@@ -44,8 +44,10 @@ def _record_open(cfg: PipelineConfig, run_id: str, is_open: bool) -> None:
     path = cfg.root / OPEN_RUNS
     runs = set(read_json(path) or []) if path.exists() else set()
     runs = runs | {run_id} if is_open else runs - {run_id}
-    if runs or path.exists():
+    if runs:
         atomic_write_json(path, sorted(runs))
+    else:  # none open: no file, so a finished run directory holds nothing of it
+        path.unlink(missing_ok=True)
 
 
 def end_orphaned_runs(cfg: PipelineConfig) -> list[str]:

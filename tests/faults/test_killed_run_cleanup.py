@@ -54,4 +54,4 @@ def test_the_next_start_cleans_up_after_a_killed_run(tmp_path):
     for run_id in killed:
         run = client.get_run(run_id)
         assert run.info.status == "KILLED" and "its process was killed" in run.data.tags["hindsight.ended_by"]
-    assert json.loads((root / "mlflow-open-runs.json").read_text()) == []
+    assert not (root / "mlflow-open-runs.json").exists()  # none left open
