@@ -32,9 +32,11 @@ log = logging.getLogger("hindsight.workers")
 def start_ray(address: str | None, needs: dict[str, float] | None = None, wait_s: float = 30.0):
     """Join `address` (or $RAY_ADDRESS), else start an embedded local Ray sized to this machine.
     Refuses a worker layout that asks for more CPUs or GPUs than the cluster has, before any model loads."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        loopback_only()
     import ray
 
-    address = address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, log_to_driver=False, configure_logging=False, ignore_reinit_error=True)
         try:
@@ -61,6 +63,18 @@ SCALE_RESULT = "scale-result.json"  # what the run made of the latest `hindsight
 def _free(ray) -> dict[str, float]:
     free = ray.available_resources()
     return {k: float(free.get(k, 0.0)) for k in ("CPU", "GPU")}
+
+
+def loopback_only() -> None:
+    """The embedded cluster binds 127.0.0.1 only (its GCS, raylets, workers, metrics agent). On
+    Linux, Ray 2.60 resolves a node IP of 127.0.0.1 to the machine's address and binds its gRPC
+    servers on every interface; with its single-machine mode (the switch it uses on macOS and
+    Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) the node is localhost and every server binds
+    loopback. Set before Ray starts; its processes inherit it. Not for a cluster joined by address."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:  # ray imported already: the constant was read at import
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 def request_scale(run_dir: str | Path, rollout: int) -> Path:
