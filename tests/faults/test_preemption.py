@@ -115,3 +115,23 @@ def test_a_second_signal_exits_at_once_and_the_last_checkpoint_stands(workspace)
     ref, got = _final(work, "reference"), _final(work, "twice")
     assert max((ref[k] - got[k]).abs().max().item() for k in ref) < 1e-5
     assert torch.isfinite(next(iter(got.values()))).all()
+
+
+def test_sigterm_in_a_ray_learner_group_checkpoints_and_resumes(workspace):
+    """The same with two learner ranks on Ray (rank 1 an actor): the signal reaches the stage's
+    process, the step in flight finishes on both ranks, rank 0 writes the checkpoint."""
+    work, env = workspace
+    (work / "group.yaml").write_text((work / "rl.yaml").read_text().replace(
+        "  save_every: 100\n", "  save_every: 100\n  workers: {placement: ray, learner: 2}\n"))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", "group.yaml", "--set", "run_dir=runs/group"],
+                            cwd=work, env=env, stdout=open(work / "group.log", "a"), stderr=subprocess.STDOUT)
+    _wait_for_step(work, proc, "group", 2)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=300)
+    log = (work / "group.log").read_text()
+    assert rc == 143 and "preempted: " in log, log[-3000:]
+    rerun = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", "group.yaml", "--set", "run_dir=runs/group"],
+                             cwd=work, env=env, stdout=open(work / "group.log", "a"), stderr=subprocess.STDOUT)
+    assert rerun.wait(timeout=600) == 0, (work / "group.log").read_text()[-3000:]
+    ref, got = _final(work, "reference"), _final(work, "group")
+    assert max((ref[k] - got[k]).abs().max().item() for k in ref) < 1e-5
