@@ -177,27 +177,22 @@ def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int, st
                     completions[0] if completions else None)
         cause = str(exc) if isinstance(exc, RewardRaised) else f"{type(exc).__name__}: {exc}"  # the same both ways
         return [fallback] * len(completions), len(completions), f"raised {cause}"[:500]
-    scores, failed = validate_scores(spec, raw, completions, fallback)
-    bad = next((v for v, s in zip(raw, scores) if failed and not _finite(v)), None)
-    return scores, failed, f"returned {bad!r} (not a finite number)"[:500] if failed else None
+    scores, failed, first_bad = validate_scores(spec, raw, completions, fallback)
+    return scores, failed, f"returned {first_bad!r} (not a finite number)"[:500] if failed else None
 
 
-def _finite(value) -> bool:
-    value = value.item() if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)) else value
-    return isinstance(value, numbers.Real) and math.isfinite(float(value))
-
-
-def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple[list[float], int]:
+def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple[list[float], int, object]:
     """A list (or tuple) of one real number per completion. Another shape is the reward's bug and
     fails loudly; an element that is not a finite real number (None, NaN, a string) gets the
-    fallback and is counted. A string is never parsed: "1" is not a score."""
+    fallback and is counted (the first such value is returned too). A string is never parsed: "1"
+    is not a score."""
     if not isinstance(raw, (list, tuple)):
         shown = repr(raw)[:60]
         raise RewardError(f"reward {spec!r} returned {type(raw).__name__} {shown}, not a list of "
                           f"{len(completions)} scores")
     if len(raw) != len(completions):
         raise RewardError(f"reward {spec!r} returned {len(raw)} scores for {len(completions)} completions")
-    scores, failed = [], 0
+    scores, failed, first_bad = [], 0, None
     for completion, value in zip(completions, raw):
         if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)):
             try:
@@ -206,11 +201,12 @@ def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple
                 pass
         ok = isinstance(value, numbers.Real) and math.isfinite(float(value))
         if not ok:
+            first_bad = value if failed == 0 else first_bad
             failed += 1
             if failed <= MAX_LOGGED_FAILURES:
                 log.warning("reward %s gave %r for completion %r; using fallback %s", spec, value, completion, fallback)
         scores.append(float(value) if ok else fallback)
-    return scores, failed
+    return scores, failed, first_bad
 
 
 def reward_source_hash(spec: str) -> str:
