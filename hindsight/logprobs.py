@@ -123,10 +123,10 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     prompts in groups take the plain path, and so does a model training under activation
     checkpointing: transformers turns the KV cache off there, and the copied cache is what
     this path runs on."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or checkpointing(model) or \
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or _sharded(model) or checkpointing(model) or \
             not shares_prompts(input_ids, attention_mask, n_completion, group_size):
-        # DDP reduces gradients once per forward: two forwards before one backward would break
-        # its bookkeeping (and deadlock ranks whose shares take different paths)
+        # DDP reduces gradients once per forward, and a sharded forward is a collective: two
+        # forwards on one rank and one on another (shares take different paths) would deadlock
         return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy, entropy_grad)
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
@@ -145,6 +145,12 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
                          position_ids=pos[:, p:-1], **cache_kwargs(model, cache)).logits      # (B, T-1, V)
             logits = torch.cat([first, rest], dim=1)                                          # (B, T, V)
     return _from_logits(logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
+
+
+def _sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def checkpointing(model) -> bool:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hindsight.learning.algorithms import get_algorithm
 from hindsight.errors import ConfigError
 from hindsight.config.yamlfile import describe_errors, read_yaml_mapping
 from hindsight.config.base import Strict
@@ -24,7 +23,8 @@ class TrackingConfig(Strict):
 
 class ResourcesConfig(Strict):
     num_processes: int = Field(1, ge=1, description="> 1: SFT and the reward model train under `accelerate launch` "
-                                                    "with this many processes (batch_size stays the global batch)")
+                                                    "with this many processes (batch_size stays the global batch); "
+                                                    "the RL stage's processes are rl.workers.learner")
     accelerate_config: str | None = Field(None, description="accelerate config file, e.g. configs/accelerate/fsdp.yaml; "
                                                             "default: DDP")
 
@@ -64,16 +64,13 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _batches_divide(self):
         n = self.resources.num_processes
-        if n > 1 and self.rl.lora.enabled:
-            raise ValueError("resources.num_processes > 1 does not support rl.lora yet (the launched update "
-                             "saves and loads full weights)")
-        if n > 1 and (self.rl.mini_batch_size or self.rl.micro_batch_tokens):
-            raise ValueError("resources.num_processes > 1 trains the RL update in one launched mini-batch: "
-                             "rl.mini_batch_size and rl.micro_batch_tokens need the learner group "
-                             "(rl.workers.learner) for several processes")
-        if n > 1 and get_algorithm(self.rl.algorithm).needs_critic:
-            raise ValueError(f"resources.num_processes > 1 does not support rl.algorithm {self.rl.algorithm} yet (its "
-                             f"critic trains in one process); use a critic-free algorithm, or num_processes: 1")
+        if n > 1 and "learner" not in self.rl.workers.model_fields_set:
+            # it used to relaunch `accelerate launch` for every RL update, with every rank holding
+            # the whole model: the learner group replaced it, and it must not be dropped silently
+            raise ValueError(f"resources.num_processes: {n} trains only sft and reward_model now; the RL stage trains "
+                             f"on several processes as a learner group: set rl.workers.learner: {n} (with "
+                             f"rl.workers.placement: ray, and learner_strategy: fsdp2 to shard the model), or "
+                             f"rl.workers.learner: 1 to train RL in one process")
         for key, batch in (("sft.batch_size", self.sft.batch_size), ("reward_model.batch_size", self.reward_model.batch_size)):
             if batch % n:
                 raise ValueError(f"{key} {batch} does not divide over resources.num_processes {n}")

@@ -66,6 +66,15 @@ class WorkersConfig(Strict):
     scorer: int = Field(1, ge=1, description="scorers (reward functions, reference and reward model)")
     learner: int = Field(1, ge=1, description="learner processes in one torch.distributed group for the stage "
                                               "(this process and learner - 1 Ray actors); the batch stays global")
+    learner_strategy: Literal["ddp", "fsdp2"] = Field(
+        "ddp", description="ddp: every learner rank holds the whole policy, critic and Adam state; fsdp2: each "
+                           "holds 1/learner of them (FSDP2; gloo on a CPU, NCCL on GPUs), with resume state in "
+                           "torch.distributed.checkpoint shards")
+    learner_offload: bool = Field(False, description="fsdp2: keep parameters, gradients and Adam state on the CPU "
+                                                     "between uses (CPUOffloadPolicy); the step runs there")
+    publish_bucket_mb: float = Field(512.0, gt=0, description="fsdp2: the full weights are gathered from the "
+                                                              "shards and sent to the rollout workers this many "
+                                                              "MiB at a time")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
     placement_timeout_s: float = Field(60.0, gt=0, description="an actor the Ray cluster has not placed by then is "
                                                               "dropped (a line in the log); the run keeps the "
@@ -257,6 +266,9 @@ class RLConfig(Strict):
             # the sampler process and the Ray actors load plain weights: LoRA there is not built
             raise ValueError("lora.enabled trains the adapter in the stage's process: it does not combine with "
                              "async.max_staleness >= 1 or workers.placement: ray yet")
+        if self.lora.enabled and self.workers.learner_strategy == "fsdp2":
+            raise ValueError("lora.enabled trains a replicated adapter: workers.learner_strategy: fsdp2 does not "
+                             "shard one yet (use ddp, or train the full model under fsdp2)")
         return self
 
     def algorithm_settings(self):

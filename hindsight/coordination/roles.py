@@ -13,12 +13,9 @@ def deal(items: list, n: int, unit=None) -> list[list]:
     return [[x for u in list(units.values())[i::n] for x in u] for i in range(n)]
 
 
-def start_learner_group(cfg, learner, ckpt, start: int | None, pad_id: int):
-    """Learner ranks 1..P-1 (rl.workers.learner = P > 1) in one group with this process, for the
-    whole stage; None for a learner of one process."""
-    if cfg.rl.workers.learner == 1:
-        return None
+def start_learner_group(cfg, pad_id: int, files: dict, policy, critic):
+    """The learner group of the stage (rl.workers.learner = P ranks; this process is rank 0), for
+    the whole stage; a sharded learner of one process has a group of one."""
     from hindsight.coordination.placement import LearnerGroup
 
-    return LearnerGroup(cfg.rl.workers.learner, cfg.rl, learner.resume_files(ckpt, start), cfg.model, pad_id,
-                        cfg.seed, learner.policy, learner.critic)
+    return LearnerGroup(cfg.rl.workers.learner, cfg.rl, files, cfg.model, pad_id, cfg.seed, policy, critic)

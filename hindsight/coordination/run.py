@@ -13,6 +13,7 @@ import json
 import os
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from hindsight.coordination.prompts import PromptSource
@@ -58,18 +59,18 @@ class RLRun:
         atomic_write_json(self.dir / "config.json", self.rl.model_dump(mode="json", by_alias=True))
 
         pad_id = self.tok.pad_token_id
-        self.learner = Learner(cfg, init_path, rm_path, self.ckpt, start, pad_id)
+        self.learner = Learner(cfg, init_path, rm_path, self.ckpt, start, pad_id,
+                               start_group=partial(start_learner_group, cfg, pad_id))
         self.lr_multiplier = lr_multiplier(self.dir / "alerts.jsonl", start) if start else 1.0  # `lower_lr` alerts
         self._set_lr()  # the configured rl.lr applies on resume, not the rate stored in the optimizer
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
-        self.learner.group = start_learner_group(cfg, self.learner, self.ckpt, start, pad_id)
         self.prompts = PromptSource(self.rl, cfg.seed, rows, self.store)
-        self.rollouts = Rollouts(cfg, self.learner.policy, self.learner.policy_path, init_path, self.tok, self.store,
+        self.rollouts = Rollouts(cfg, self.learner.serving, self.learner.policy_path, init_path, self.tok, self.store,
                                  self.ledger, self.prompts, version=self.start_step)
         os.environ["HINDSIGHT_RUN_DIR"] = str(self.dir)  # where rewards keep what they cache (rewards.judge)
-        self.scorers = Scorers(cfg, init_path, rm_path, self.learner.policy, pad_id, self.store, self.dir)
-        self.decoding = decoding_record(self.tok, self.learner.policy, cfg.eval, self.rl.rollout)
+        self.scorers = Scorers(cfg, init_path, rm_path, self.learner.serving, pad_id, self.store, self.dir)
+        self.decoding = decoding_record(self.tok, self.learner.serving, cfg.eval, self.rl.rollout)
         atomic_write_json(self.dir / "decoding.json", self.decoding)
         self.rollouts.start(self.scorers, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
 
@@ -85,8 +86,8 @@ class RLRun:
 
     @property
     def policy(self):
-        """The policy being trained: what evaluation, reports and checkpoints read."""
-        return self.learner.policy
+        """The whole policy being trained: what evaluation, reports and checkpoints read."""
+        return self.learner.serving
 
     # --- rollout ------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[Path, dict]:
@@ -149,7 +150,7 @@ class RLRun:
                 raise NonFiniteError(f"step {step}: {exc}, and the run stopped: nothing of this step is saved or "
                                      f"registered. {self.newest_checkpoint()}; lower rl.lr (or fix what made the loss "
                                      f"non-finite), then rerun the same command to resume from it") from None
-            self.rollouts.publish(self.learner.policy)
+            self.rollouts.publish(self.learner.serving)
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
             self.ledger.advance(step, "sealed", "scored")
             self.ledger.advance(step, "scored", "trained", sorted({r["group"] for r in train_rows}))

@@ -24,11 +24,19 @@ def token_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     """V(s_t) for each completion token: the value of the state just before the token is chosen.
 
     input_ids, attention_mask: (B, P+T). Returns (B, T), aligned with `token_logprobs`.
+    The head's per-position output is read inside the model's own forward (a hook), not by
+    calling the backbone and head apart: under FSDP2 only the root forward gathers the weights
+    the head and embeddings keep at the root.
     """
-    input_ids, attention_mask = input_ids.to(critic.device), attention_mask.to(critic.device)
-    backbone = getattr(critic, critic.base_model_prefix)
-    with compute_autocast(critic):
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
-                          position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (B, L, H)
-        states = hidden[:, -n_completion - 1:-1, :]                                                 # (B, T, H)
-        return at_least_fp32(_head(critic)(states).squeeze(-1))                                     # (B, T)
+    dev = next(critic.parameters()).device
+    input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
+    seen = {}
+    hook = _head(critic).register_forward_hook(lambda _m, _i, out: seen.__setitem__("scores", out))
+    try:
+        with compute_autocast(critic):
+            critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                   use_cache=False)
+    finally:
+        hook.remove()
+    per_position = seen["scores"].squeeze(-1)                                                    # (B, L)
+    return at_least_fp32(per_position[:, -n_completion - 1:-1])                                  # (B, T)

@@ -1,12 +1,17 @@
-"""The learner group: P processes in one torch.distributed group (gloo on a CPU) for the whole stage.
+"""The learner group: P processes in one torch.distributed group (gloo on a CPU, NCCL between
+GPUs) for the whole stage.
 
-Rank 0 is the stage's own process: it holds the policy that the rollout workers, evaluation
-and checkpoints use. Ranks 1..P-1 (`LearnerPeer`, Ray actors) hold identical copies: the same
-weights (broadcast from rank 0 at the start), the same optimizer state (read from the same
-checkpoint). Every step rank 0 computes the advantages, and the critic's values and returns,
-on the whole batch (`update.whole_batch_advantages`); each rank trains on its groups of each
-mini-batch, and the gradients are summed over the group (`update.Share`), so every rank takes
-the same step. Nothing is started per step.
+Rank 0 is the stage's own process (`learner.Learner`); ranks 1..P-1 are `LearnerPeer`s (Ray
+actors), built from the same files. Every step each rank trains on its groups of each
+mini-batch, with the advantages (and a critic's values and returns) of the whole batch, and
+the ranks' gradients add up to the one-process gradient (`update.Share`). Nothing is started
+per step. Two strategies (`rl.workers.learner_strategy`):
+
+- ddp: every rank holds the whole policy, critic and Adam state (rank 0's weights broadcast at
+  the start, the same optimizer state read from the same checkpoint).
+- fsdp2: each rank holds its shard of them (`sharding`); every forward, the weights'
+  publication and the checkpoint are collectives that all ranks run in step, which is why
+  rank 0 asks the peers to `publish`, `save` and `gather` alongside its own call.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import torch
 
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
+from hindsight.learning import sharding
 from hindsight.learning.update import Share, learner_settings, update
 
 
@@ -43,9 +49,7 @@ def broadcast_from_rank0(*models) -> None:
 class LearnerPeer:
     """Learner rank > 0: built from files in its own process, then trained in step with rank 0."""
 
-    def __init__(self, rank: int, world: int, init_method: str, rl, policy_path: str, model_cfg,
-                 optimizer_file: str | None, critic_path: str | None, critic_optimizer_file: str | None,
-                 pad_id: int, seed: int):
+    def __init__(self, rank: int, world: int, init_method: str, rl, model_cfg, files: dict, pad_id: int, seed: int):
         import torch.distributed as dist
 
         from hindsight.learning.build import build_critic, build_optimizer, build_policy
@@ -53,14 +57,30 @@ class LearnerPeer:
         dist.init_process_group(process_group_backend(), init_method=init_method, rank=rank, world_size=world,
                                 timeout=group_timeout(rl))
         self.rank, self.world, self.settings, self.steps = rank, world, learner_settings(rl), 0
-        self.policy = build_policy(policy_path, model_cfg, rl)
-        self.optimizer = build_optimizer(self.policy, rl.lr, optimizer_file)
+        self.sharded = rl.workers.learner_strategy == "fsdp2"
+        offload = rl.workers.learner_offload
+        self.policy = build_policy(files["policy"], model_cfg, rl)
         self.critic = self.critic_optimizer = None
-        if critic_path is not None:
-            self.critic = build_critic(critic_path, model_cfg, rl, pad_id, seed)
+        if files.get("critic") is not None:
+            self.critic = build_critic(files["critic"], model_cfg, rl, pad_id, seed)
+        if self.sharded:
+            self.policy = sharding.shard(self.policy, offload, self.policy.compute_dtype)
+            if self.critic is not None:
+                self.critic = sharding.shard(self.critic, offload, self.critic.compute_dtype)
+        self.optimizer = build_optimizer(self.policy, rl.lr, files.get("optimizer"))
+        if self.critic is not None:
             self.critic_optimizer = build_optimizer(self.critic, self.settings.algorithm_settings.critic_lr,
-                                                    critic_optimizer_file)
-        broadcast_from_rank0(self.policy, self.critic)
+                                                    files.get("critic_optimizer"))
+        if self.sharded and files.get("learner_state"):
+            sharding.load_state(files["learner_state"], self.parts())
+        elif not self.sharded:
+            broadcast_from_rank0(self.policy, self.critic)
+
+    def parts(self) -> dict[str, tuple]:
+        parts = {"policy": (self.policy, self.optimizer)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic, self.critic_optimizer)
+        return parts
 
     def ready(self) -> int:
         return self.rank
@@ -77,7 +97,18 @@ class LearnerPeer:
         crash_point(f"learner{self.rank}", self.steps)
         self.steps += 1
         update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
-               share=Share(rank=self.rank, world=self.world))
+               share=Share(rank=self.rank, world=self.world, sharded=self.sharded))
+
+    def publish(self, bucket_bytes: int) -> None:
+        """Take part in gathering the weights for rank 0's rollout copy (this rank keeps none)."""
+        sharding.publish(self.policy, None, bucket_bytes)
+
+    def gather(self, which: str) -> None:
+        for _ in sharding.full_buckets(self.policy if which == "policy" else self.critic, 2**30):
+            pass
+
+    def save(self, folder: str) -> None:
+        sharding.save_state(folder, self.parts())
 
     def close(self) -> None:
         import torch.distributed as dist

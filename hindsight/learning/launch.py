@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 
 from hindsight.errors import StageError
-from hindsight.learning.batching import padded_share
 from hindsight.state.fsutil import append_line, atomic_write_json
 
-TRAINERS = {"sft": "hindsight.learning.trainers:train_sft", "reward-model": "hindsight.learning.trainers:train_reward_model",
-            "rl-update": "hindsight.learning.launch:rl_update"}
+TRAINERS = {"sft": "hindsight.learning.trainers:train_sft",
+            "reward-model": "hindsight.learning.trainers:train_reward_model"}
 
 
 def world_size() -> int:
@@ -72,53 +71,9 @@ def run_trainer(stage: str, kwargs: dict, num_processes: int = 1, accelerate_con
     return json.loads((workdir / "result.json").read_text())
 
 
-def share_scale(exp, index: list[int], agg: str, world: int) -> float:
-    """Multiplier that makes a share's mean loss its part of the whole batch's loss after DDP
-    averages gradients over `world` processes (token_mean normalises by tokens, the others by sequences)."""
-    if agg == "token_mean":
-        local, total = float(exp.completion_mask[index].sum()), float(exp.completion_mask.sum())
-    else:
-        local, total = float(len(index)), float(len(exp))
-    return world * local / max(total, 1.0)
-
-
-def rl_update(policy_dir: str, optimizer_file: str, batch_file: str, rl: dict, model: dict, out_dir: str) -> dict:
-    """One RL update, run in every process of an `accelerate launch`: each takes its share of the
-    batch (advantages already computed on the whole), DDP sums the gradients, rank 0 saves."""
-    import torch
-    from accelerate import PartialState
-    from torch.nn.parallel import DistributedDataParallel
-
-    from hindsight.config import ModelConfig, RLConfig
-    from hindsight.experience import Experience
-    from hindsight.learning.build import build_optimizer, build_policy
-    from hindsight.learning.update import learner_settings, update
-
-    state = PartialState(cpu=not torch.cuda.is_available())
-    rl_cfg = RLConfig.model_validate(rl)
-    s = learner_settings(rl_cfg)
-    policy = build_policy(policy_dir, ModelConfig.model_validate(model), rl_cfg)
-    optimizer = build_optimizer(policy, rl_cfg.lr, optimizer_file)
-    exp = Experience(**torch.load(batch_file, weights_only=True))
-    index, override = padded_share(exp.meta["groups"], state.process_index, state.num_processes)
-    scale = share_scale(exp, index, s.loss.loss_agg, state.num_processes) if override is None else override
-    ddp = DistributedDataParallel(policy, device_ids=[state.local_process_index] if torch.cuda.is_available() else None)
-    metrics = update(ddp, optimizer, exp.rows(index), s, loss_scale=scale)
-    state.wait_for_everyone()
-    if state.is_main_process:
-        policy.save_pretrained(out_dir, safe_serialization=True)
-        torch.save(optimizer.state_dict(), Path(out_dir) / "optimizer.pt")
-    return metrics
-
-
 def main(args_file: str) -> None:
     spec = json.loads(Path(args_file).read_text())
     workdir = Path(spec["workdir"])
-    if spec["stage"] == "rl-update":
-        metrics = rl_update(**spec["kwargs"])
-        if is_main_process():
-            atomic_write_json(workdir / "result.json", metrics)
-        return
     kwargs = spec["kwargs"]
     if kwargs.get("lora"):
         from hindsight.config import LoraConfig

@@ -84,11 +84,19 @@ def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor
 class Share:
     """This process's part of the learner group (rank 0 of 1 alone). Every rank holds the whole
     batch and trains on its groups of each mini-batch; its losses are divided by the whole
-    mini-batch's totals, so the sum of the ranks' gradients (`sync`, one flattened all-reduce, made
-    explicit rather than DDP's so that the critic, read past the model's forward, syncs the same
-    way) is the one-process gradient exactly."""
+    mini-batch's totals, so the sum of the ranks' gradients is the one-process gradient exactly.
+
+    Replicated ranks (`ddp`) sum them in `sync`, one flattened all-reduce, made explicit rather
+    than DDP's so that the critic, read past the model's forward, syncs the same way. Sharded
+    ranks (`fsdp2`) have them reduce-scattered by FSDP, which averages: `grad_scale` undoes that.
+    A sharded forward is a collective, so ranks also run the same number of micro-batches (`most`)."""
     rank: int = 0
     world: int = 1
+    sharded: bool = False
+
+    @property
+    def grad_scale(self) -> float:
+        return float(self.world) if self.sharded else 1.0
 
     def rows(self, group_ids: list[int]) -> tuple[list[int], float]:
         """This rank's rows among a mini-batch's (given by group), and their loss weight."""
@@ -96,7 +104,7 @@ class Share:
         return index, 1.0 if override is None else override
 
     def sync(self, params) -> None:
-        if self.world == 1:
+        if self.world == 1 or self.sharded:
             return
         import torch.distributed as dist
 
@@ -122,15 +130,36 @@ class Share:
         dist.all_reduce(flat)
         return dict(zip(keys, flat.tolist()))
 
+    def most(self, n: int) -> int:
+        """The largest `n` over the sharded group (a replicated rank needs only its own)."""
+        if self.world == 1 or not self.sharded:
+            return n
+        import torch.distributed as dist
 
-def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None) -> Experience:
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def from_rank0(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's tensor on every rank, so that all train on the very same advantages."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.broadcast(t, 0)
+        return t
+
+
+def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None, share: Share | None = None) -> Experience:
     """Set the batch's advantages (and a critic's values and returns) on `exp`, unless they are
     set: the one place they are computed, always on the whole batch, before any rank takes its
-    share, so the learner group and a launched update see the numbers one process would."""
+    share, so every rank of the learner group sees the numbers one process would. A sharded
+    critic's forward needs every rank: all compute the values and take rank 0's."""
     if exp.advantages is not None:
         return exp
     if s.estimator.needs_critic and exp.values is None:
         exp.values = _values(critic, exp, s.micro_batch_tokens)                   # (B, T)
+        if share is not None and share.sharded:
+            exp.values = share.from_rank0(exp.values)
     exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
     return exp
 
@@ -147,17 +176,16 @@ def _values(critic, exp: Experience, budget: int | None) -> torch.Tensor:
 
 
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
-           loss_scale: float = 1.0, share: Share | None = None) -> dict:
+           share: Share | None = None) -> dict:
     """Train on one stored batch: `num_iterations` passes over its mini-batches, one optimizer
     step each, gradients accumulated over each mini-batch's micro-batches. Returns the last
     pass's metrics (means over its mini-batches) and every pass's ratio.
 
     The batch's advantages are computed first if they are not set (`whole_batch_advantages`).
-    `share` is this rank's part in the learner group; `loss_scale` scales the losses of a
-    launched process's share under DDP (`learning.launch.rl_update`, one mini-batch).
+    `share` is this rank's part in the learner group.
     """
     share = share or Share()
-    exp = whole_batch_advantages(exp, s, critic)
+    exp = whole_batch_advantages(exp, s, critic, share)
     groups = exp.meta.get("groups") or [i // exp.group_size for i in range(len(exp))]
     model.train()
     if critic is not None:
@@ -171,10 +199,11 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
             totals = Totals.of(exp.completion_mask[rows])  # the whole mini-batch's, on every rank
             mb = exp.rows([rows[i] for i in mine])
             parts = micro_batches(*lengths(mb), mb.group_size, s.micro_batch_tokens)
-            step = _policy_step(model, optimizer, mb, parts, totals, s, share, weight * loss_scale, weight)
+            scale = weight * share.grad_scale
+            idle = share.most(len(parts)) - len(parts)  # zero-weighted micro-batches that join the collectives
+            step = _policy_step(model, optimizer, mb, parts, totals, s, share, scale, weight, idle)
             if critic is not None:
-                step.update(_critic_step(critic, critic_optimizer, mb, parts, totals, s, share, weight * loss_scale,
-                                         weight))
+                step.update(_critic_step(critic, critic_optimizer, mb, parts, totals, s, share, scale, weight, idle))
             steps.append({**step, "learn/padding_fraction": padding_fraction(mb, parts),
                           "learn/micro_batches": float(len(parts))})
         metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
@@ -183,12 +212,13 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
 
 
 def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
-                 share: Share, scale: float, weight: float) -> dict:
+                 share: Share, scale: float, weight: float, idle: int = 0) -> dict:
     """One optimizer step on a mini-batch (this rank's rows of it), a micro-batch at a time.
-    `weight` is 0 for a rank's stand-in row (it joins the collectives, it counts for nothing)."""
+    `weight` is 0 for a rank's stand-in row, and so are `idle` extra micro-batches of a sharded
+    rank with fewer than the others: they join the collectives and count for nothing."""
     optimizer.zero_grad(set_to_none=True)
     dev, sums, is_max = model_device(model), {}, 0.0
-    for rows in parts:
+    for rows, scale, weight in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
         mask = part.completion_mask                                               # (b, t)
         logp, entropy = group_token_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
@@ -204,12 +234,12 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
         n = float(m.sum()) * weight  # the micro-batch's statistics are token means: back to sums
         _add(sums, {"loss": float(loss.detach()) * weight, "entropy": float((entropy.detach() * m).sum()) * weight,
                     **{k: v * n for k, v in stats.items()}})
-        if is_w is not None:
+        if is_w is not None and weight:
             _add(sums, {"is/mean": float((is_w * m).sum()) * weight,
                         "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum()) * weight})
             is_max = max(is_max, float((is_w * m).max()))
     share.sync(model.parameters())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+    grad_norm = _clip(model, s.max_grad_norm)
     sums = share.total(sums)  # the mini-batch's, over the learner group
     refuse_non_finite("policy", sums["loss"], grad_norm, optimizer)
     optimizer.step()
@@ -220,10 +250,10 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
 
 
 def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
-                 share: Share, scale: float, weight: float) -> dict:
+                 share: Share, scale: float, weight: float, idle: int = 0) -> dict:
     optimizer.zero_grad(set_to_none=True)
     dev, sums = model_device(critic), {}
-    for rows in parts:
+    for rows, scale, weight in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
         values = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1))  # (b, t)
         loss, clipped = value_loss(values, part.values, part.returns, part.completion_mask,
@@ -232,12 +262,23 @@ def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], tota
         _add(sums, {"critic/loss": float(loss.detach()) * weight,
                     "clipped_tokens": clipped * float(part.completion_mask.sum()) * weight})
     share.sync(critic.parameters())
-    grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), s.max_grad_norm)
+    grad_norm = _clip(critic, s.max_grad_norm)
     sums = share.total(sums)
     refuse_non_finite("critic", sums["critic/loss"], grad_norm, optimizer)
     optimizer.step()
     return {"critic/loss": sums["critic/loss"], "critic/grad_norm": float(grad_norm),
             "critic/value_clip_fraction": sums["clipped_tokens"] / max(totals.tokens, 1.0)}
+
+
+def _with_idle(parts: list[list[int]], idle: int, scale: float, weight: float):
+    """(rows, loss scale, statistics weight) of each micro-batch, then `idle` stand-ins at 0."""
+    return [(rows, scale, weight) for rows in parts] + [([0], 0.0, 0.0)] * idle
+
+
+def _clip(model, max_norm: float) -> torch.Tensor:
+    """Clip to the global gradient norm; a sharded model's norm comes back whole on every rank."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def refuse_non_finite(what: str, loss: float, grad_norm: torch.Tensor, optimizer) -> None:

@@ -5,6 +5,10 @@ Layout under a run's `checkpoints/`:
     optimizer/step-000010.pt  optimizer state (loaded with weights_only=True)
     rng/step-000010.pt        torch and python RNG states
     critic/step-000010/       PPO's value model (HF folder), and critic_optimizer/step-000010.pt
+    learner_state/step-000010/  instead of the optimizer and critic files, a sharded learner's
+                              (fsdp2) weights and optimizer states: torch.distributed.checkpoint,
+                              one file per rank and `.metadata`; the policy folder is still the
+                              whole model, gathered from the shards
     manifest.json             newest complete version of each component (the commit point)
 
 Components are written first, the manifest last, so a crash between the two leaves the
@@ -30,7 +34,8 @@ from hindsight.faults import crash_point
 from hindsight.state.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, file_sha256, read_json
 
 log = logging.getLogger("hindsight.state.checkpoint")
-_COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer")
+_COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer", "learner_state")
+_FOLDERS = ("policy", "critic", "learner_state")  # components kept as a folder per version
 
 
 def checkpoint_due(done: int, steps: int, save_every: int) -> bool:
@@ -66,8 +71,16 @@ class CheckpointManager:
     def critic_dir(self, step: int) -> Path:
         return self.root / "critic" / f"step-{step:06d}"
 
-    def save(self, step: int, model, tokenizer, optimizer, extra: dict | None = None,
-             critic=None, critic_optimizer=None) -> Path:
+    def learner_state_dir(self, step: int) -> Path:
+        return self.root / "learner_state" / f"step-{step:06d}"
+
+    def folder(self, component: str, step: int) -> Path:
+        return self.root / component / f"step-{step:06d}"
+
+    def save(self, step: int, model, tokenizer, optimizer=None, extra: dict | None = None,
+             critic=None, critic_optimizer=None, sharded_state=None) -> Path:
+        """`sharded_state(folder)`: a sharded learner writes its weights and optimizer states
+        there (every rank its shard) instead of the optimizer and critic components."""
         def fill(model_):
             def write(tmp: Path):
                 model_.save_pretrained(tmp, safe_serialization=True)
@@ -75,10 +88,15 @@ class CheckpointManager:
             return write
 
         policy = atomic_dir(self.policy_dir(step), fill(model))
-        self._save_tensor_file(self.tensor_file(step, "optimizer"), optimizer.state_dict())
+        components = {"policy": step, "rng": step}
+        if sharded_state is not None:
+            atomic_dir(self.learner_state_dir(step), sharded_state)
+            components["learner_state"] = step
+        else:
+            self._save_tensor_file(self.tensor_file(step, "optimizer"), optimizer.state_dict())
+            components["optimizer"] = step
         rng = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
         self._save_tensor_file(self.tensor_file(step, "rng"), rng)
-        components = {"policy": step, "optimizer": step, "rng": step}
         if critic is not None:
             atomic_dir(self.critic_dir(step), fill(critic))
             self._save_tensor_file(self.tensor_file(step, "critic_optimizer"), critic_optimizer.state_dict())
@@ -95,7 +113,7 @@ class CheckpointManager:
     def _files(self, step: int) -> list[Path]:
         """Every file of a version: its HF folders' files and its tensor files."""
         out = []
-        for folder in (self.policy_dir(step), self.critic_dir(step)):
+        for folder in (self.folder(c, step) for c in _FOLDERS):
             if folder.is_dir():
                 out += sorted(p for p in folder.rglob("*") if p.is_file())
         out += [p for c in ("optimizer", "rng", "critic_optimizer") if (p := self.tensor_file(step, c)).exists()]
@@ -131,7 +149,7 @@ class CheckpointManager:
                 target = corrupt / path.relative_to(self.root)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, target)
-            for folder in (self.policy_dir(bad_step), self.critic_dir(bad_step)):
+            for folder in (self.folder(c, bad_step) for c in _FOLDERS):
                 shutil.rmtree(folder, ignore_errors=True)  # emptied above
         versions = {v: c for v, c in manifest["versions"].items() if int(v) <= step}
         atomic_write_json(self.manifest_path, {**manifest, "step": step, "versions": versions,
@@ -174,8 +192,8 @@ class CheckpointManager:
         for old in versions[: max(0, len(versions) - self.keep_last)]:
             if old == newest:
                 continue
-            shutil.rmtree(self.policy_dir(old), ignore_errors=True)
-            shutil.rmtree(self.critic_dir(old), ignore_errors=True)
+            for component in _FOLDERS:
+                shutil.rmtree(self.folder(component, old), ignore_errors=True)
             for comp in ("optimizer", "rng", "critic_optimizer"):
                 self.tensor_file(old, comp).unlink(missing_ok=True)
 

@@ -85,7 +85,7 @@ def test_launch_command_uses_the_accelerate_config_when_given(tmp_path):
 
 
 def test_batch_must_divide_over_processes(tmp_path):
-    (tmp_path / "c.yaml").write_text("resources: {num_processes: 3}\nsft: {batch_size: 32}\n")
+    (tmp_path / "c.yaml").write_text("resources: {num_processes: 3}\nsft: {batch_size: 32}\nrl: {workers: {learner: 1}}\n")
     with pytest.raises(ConfigError, match="sft.batch_size 32 does not divide over resources.num_processes 3"):
         load_config(tmp_path / "c.yaml")
 
@@ -94,43 +94,16 @@ def varied(completions, **_):
     return [float(len(c) % 3) for c in completions]
 
 
-@pytest.mark.integration  # accelerate launch: 2 processes
-@pytest.mark.parametrize("agg,prompts", [("seq_mean_token_mean", 4), ("token_mean", 4), ("token_mean", 1)])
-def test_rl_update_two_processes_equal_one(setup, tmp_path, agg, prompts):
-    """The RL stage's own update: 1 process, and 2 under `accelerate launch` (each a share of
-    the groups, advantages from the whole batch), on the same stored rollouts. With one
-    group per step, one process has an empty share and must still take part."""
-    from hindsight.config import PipelineConfig
-    from hindsight.coordination.run import RLRun
-
-    work, init = setup
-    runs = []
-    for n in (1, 2):
-        cfg = PipelineConfig.model_validate({
-            "name": "d", "run_dir": str(tmp_path / f"p{n}"), "resources": {"num_processes": n},
-            "sft": {"batch_size": 8}, "reward_model": {"batch_size": 8},
-            "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-            "rl": {"steps": 2, "prompts_per_step": prompts, "samples_per_prompt": 4, "reward_isolation": "inline",
-                   "lr": 1e-2,
-                   "loss_agg": agg, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_distributed:varied"}]}})
-        run = RLRun(cfg, init, None)
-        for step in range(2):
-            run.rollout(step), run.score(step)
-            metrics = run.update(step)
-        runs.append((run, metrics))
-    (one, m1), (two, m2) = runs
-    ids = lambda run: [r["completion_ids"] for r in run.store.read("rollouts", 1)]  # noqa: E731
-    assert ids(one) == ids(two)  # step 1 sampled the same tokens from both updated policies
-    a, b = one.policy.state_dict(), two.policy.state_dict()
-    start = load_file(f"{init}/model.safetensors")
-    assert max((a[k] - start[k]).abs().max().item() for k in start) > 1e-3
-    print(f"rl update ({agg}, {prompts} groups): 1 vs 2 processes max |diff| {max_diff(a, b):.2e}")
-    # measured 4.5e-5 (8.5e-7 before rollouts were sampled a group at a time): the float noise of
-    # a 2-way all-reduce flips the sign of a few near-zero gradients (|g| ~1e-7) and Adam's
-    # normalised step makes that lr-sized on those weights, which shifts step 2 a little
-    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a), max_diff(a, b)
-    assert two.learner.optimizer.state_dict()["state"][0]["step"] == 2  # the optimizer state came back too
-    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)  # clipped on the all-reduced gradient
+def test_num_processes_no_longer_trains_rl_and_says_what_does(tmp_path):
+    """The RL path of resources.num_processes (an accelerate relaunch per update) is gone: a config
+    that sets it without choosing the RL stage's learner count is refused, naming the replacement."""
+    (tmp_path / "c.yaml").write_text("resources: {num_processes: 2}\nsft: {batch_size: 8}\nreward_model: {batch_size: 8}\n")
+    with pytest.raises(ConfigError, match=r"resources.num_processes: 2 trains only sft and reward_model now.*"
+                                          r"rl.workers.learner: 2"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text("resources: {num_processes: 2}\nsft: {batch_size: 8}\nreward_model: {batch_size: 8}\n"
+                                     "rl: {workers: {learner: 1}}\n")
+    assert load_config(tmp_path / "c.yaml").resources.num_processes == 2  # one RL process, chosen
 
 
 def test_an_empty_share_takes_part_with_a_zero_weight():
@@ -140,14 +113,8 @@ def test_an_empty_share_takes_part_with_a_zero_weight():
     assert padded_share([0, 0, 1, 1], 1, 2) == ([2, 3], None)
 
 
-def test_share_and_scale_by_hand():
+def test_share_by_hand():
     from hindsight.learning.batching import share
-    from hindsight.learning.launch import share_scale
-    from hindsight.experience import Experience
 
     groups = [0, 0, 1, 1, 2, 2]
     assert share(groups, 0, 2) == [0, 1, 4, 5] and share(groups, 1, 2) == [2, 3]
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
-    exp = Experience(mask, mask, mask, mask, mask.float(), 2)
-    assert share_scale(exp, [2, 3], "seq_mean_token_mean", 2) == pytest.approx(2 * 2 / 6)
-    assert share_scale(exp, [2, 3], "token_mean", 2) == pytest.approx(2 * 3 / 13)

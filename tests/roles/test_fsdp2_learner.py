@@ -1,0 +1,99 @@
+"""The sharded learner (issue 25): an FSDP2 learner group of 2 (gloo) on a tiny Qwen2ForCausalLM
+in Hugging Face format trains the weights one unsharded process trains, for GRPO and for PPO
+with its critic, with and without mini- and micro-batches, and with CPU offload."""
+import pytest
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.coordination.run import RLRun
+
+STEPS = 3
+ATOL = 1e-5  # the issue's bar; measured below (printed) and in the closing note
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    import ray
+
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_qwen2
+
+    work = tmp_path_factory.mktemp("fsdp2")
+    build_demo_data(work / "data", seed=0)
+    yield work, str(build_tiny_qwen2(work / "qwen2", hidden=32, layers=2, heads=4, kv_heads=2))
+    ray.shutdown()
+
+
+def config(work, run_dir, algorithm="grpo", workers=None, **rl) -> PipelineConfig:
+    extra = {"ppo": {"critic_lr": 1e-3}} if algorithm == "ppo" else {}
+    return PipelineConfig.model_validate({
+        "name": "fsdp2", "seed": 2, "run_dir": str(run_dir),
+        "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
+        "rl": {"algorithm": algorithm, "steps": STEPS, "prompts_per_step": 3, "samples_per_prompt": 4,
+               "reward_isolation": "inline", "lr": 1e-3, "save_every": 1, "kl": {"coef": 0.05},
+               "rollout": {"max_new_tokens": 6}, "rewards": [{"fn": "helpers:varied"}],
+               "workers": workers or {}, **rl, **extra}})
+
+
+def run_steps(cfg, init_path, until=STEPS) -> RLRun:
+    run = RLRun(cfg, init_path, None)
+    for step in range(run.start_step, until):  # as the flow does: a resumed run starts at its checkpoint
+        run.rollout(step), run.score(step), run.update(step)
+    return run
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def assert_same_training(one: RLRun, two: RLRun, init_path: str) -> None:
+    from safetensors.torch import load_file
+
+    start = load_file(f"{init_path}/model.safetensors")
+    a, b = one.learner.full_state("policy"), two.learner.full_state("policy")
+    moved = max((a[k] - start[k]).abs().max().item() for k in start)
+    print(f"policy moved {moved:.2e}; unsharded vs fsdp2 max |diff| {max_diff(a, b):.2e}")
+    assert moved > 1e-3  # the steps trained something, so equality says something
+    assert max_diff(a, b) <= ATOL
+    assert max_diff(one.policy.state_dict(), two.policy.state_dict()) <= ATOL  # the rollouts' copy too
+    if one.learner.critic is not None:
+        ca, cb = one.learner.full_state("critic"), two.learner.full_state("critic")
+        print(f"critic: max |diff| {max_diff(ca, cb):.2e}")
+        assert max_diff(ca, cb) <= ATOL
+    for step in range(STEPS):  # the same tokens sampled, so the same batches were trained
+        x, y = one.store.read("rollouts", step), two.store.read("rollouts", step)
+        assert [r["completion_ids"] for r in x] == [r["completion_ids"] for r in y]
+
+
+# 12 samples a step in mini-batches of 8 (two groups: one per rank) and 4 (one group: rank 1
+# joins with a zero-weighted stand-in row), each in micro-batches of a few sequences, so the
+# ranks run different numbers of micro-batches and the idle ones must still join every gather
+BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 40}
+RAY2 = {"placement": "ray", "learner": 2, "learner_strategy": "fsdp2"}
+
+
+@pytest.mark.parametrize("batching", [{}, BATCHING], ids=["whole", "mini-micro"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_fsdp2_group_of_two_trains_what_one_process_trains(init, tmp_path, algorithm, batching):
+    work, path = init
+    one = run_steps(config(work, tmp_path / "one", algorithm, **batching), path)
+    two = run_steps(config(work, tmp_path / "two", algorithm, RAY2, **batching), path)
+    try:
+        assert_same_training(one, two, path)
+        shard = next(two.learner.policy.parameters())
+        assert type(shard).__name__ == "DTensor" and shard.to_local().shape[0] < shard.shape[0]  # really sharded
+        assert (two.dir / "checkpoints" / "learner_state" / f"step-{STEPS:06d}" / ".metadata").is_file()
+    finally:
+        one.close(), two.close()
+
+
+def test_fsdp2_with_cpu_offload_trains_the_same(init, tmp_path):
+    work, path = init
+    one = run_steps(config(work, tmp_path / "one", "ppo", **BATCHING), path)
+    two = run_steps(config(work, tmp_path / "two", "ppo", {**RAY2, "learner_offload": True}, **BATCHING), path)
+    try:
+        assert_same_training(one, two, path)
+        assert next(two.learner.policy.parameters()).to_local().device.type == "cpu"
+    finally:
+        one.close(), two.close()
