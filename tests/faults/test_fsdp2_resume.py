@@ -1,0 +1,115 @@
+"""An FSDP2 learner group of 2 resumes from its torch.distributed.checkpoint shards: the RL
+command is SIGKILLed mid-training, and the rerun of the same command ends allclose to an
+uninterrupted run; a flipped bit in a rank's shard is caught by its sha256 and the run falls
+back to the newest intact version. Through the CLI, on a tiny Qwen2 in Hugging Face format."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 6
+CONFIG = """
+name: fsdp2-faults
+seed: 0
+model: {{base: tiny://qwen2}}
+sft: {{enabled: false}}
+reward_model: {{enabled: false}}
+rl:
+  init: {init}
+  steps: {steps}
+  prompts_per_step: 4
+  samples_per_prompt: 4
+  lr: 1.0e-3
+  kl: {{coef: 0.02}}
+  rewards: [{{fn: "helpers:varied"}}]  # a reward that differs within groups: real gradients, not float noise
+  rollout: {{max_new_tokens: 4}}
+  eval_every: 100
+  save_every: 2
+  workers: {workers}
+eval: {{limit: 4, max_new_tokens: 4}}
+retries: {{count: 0}}
+"""
+FSDP2 = "{placement: ray, learner: 2, learner_strategy: fsdp2, rollout: 1, scorer: 1}"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    from hindsight.models.tiny import build_tiny_qwen2
+
+    work = tmp_path_factory.mktemp("fsdp2-faults")
+    init = build_tiny_qwen2(work / "init", hidden=32, layers=2)
+    (work / "one.yaml").write_text(CONFIG.format(init=init, steps=STEPS, workers="{}"))
+    (work / "fsdp2.yaml").write_text(CONFIG.format(init=init, steps=STEPS, workers=FSDP2))
+    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("HINDSIGHT_FAULT", None)
+    reference = _run(work, env, "one.yaml", "reference")  # one unsharded process, never interrupted
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    return work, env
+
+
+def _run(work, env, config, run_dir, fault=None):
+    """The command in its own session; afterwards kill what a SIGKILL orphaned (Ray, Prefect's
+    temporary server), which would otherwise hold the output open."""
+    e = {**env, **({"HINDSIGHT_FAULT": fault} if fault else {})}
+    log = work / f"{run_dir}-{'crash' if fault else 'run'}.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", str(work / config),
+                                 "--set", f"run_dir=runs/{run_dir}"], cwd=work, env=e, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=600)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(proc.args, rc, log.read_text())
+
+
+def _final(work, run_dir) -> dict:
+    return load_file(work / "runs" / run_dir / "rl" / "checkpoints" / "policy" / f"step-{STEPS:06d}" /
+                     "model.safetensors")
+
+
+def _assert_matches_reference(work, run_dir) -> None:
+    ref, got = _final(work, "reference"), _final(work, run_dir)
+    assert ref.keys() == got.keys()
+    diff = max((got[k] - ref[k]).abs().max().item() for k in ref)
+    print(f"{run_dir}: resumed fsdp2 vs uninterrupted max |diff| {diff:.2e}")
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], atol=1e-5, rtol=0)
+
+
+def test_sigkill_then_rerun_resumes_from_the_sharded_checkpoint(workspace):
+    work, env = workspace
+    crashed = _run(work, env, "fsdp2.yaml", "killed", "update:3")
+    assert crashed.returncode == -9, crashed.stdout[-3000:]  # really killed, not a clean exit
+    state = work / "runs/killed/rl/checkpoints/learner_state/step-000002"
+    assert sorted(p.name for p in state.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one per rank
+    resumed = _run(work, env, "fsdp2.yaml", "killed")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resuming rl from step 2" in resumed.stdout
+    _assert_matches_reference(work, "killed")
+
+
+def test_a_flipped_bit_in_a_shard_falls_back_to_the_newest_intact_version(workspace):
+    work, env = workspace
+    crashed = _run(work, env, "fsdp2.yaml", "flipped", "update:5")  # checkpoints 2 and 4 kept
+    assert crashed.returncode == -9, crashed.stdout[-3000:]
+    shard = work / "runs/flipped/rl/checkpoints/learner_state/step-000004/__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit of rank 1's shard
+    shard.write_bytes(bytes(data))
+    resumed = _run(work, env, "fsdp2.yaml", "flipped")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "checkpoint step 4 is corrupt (learner_state/step-000004/__1_0.distcp" in resumed.stdout
+    assert "resuming from step 2, the newest intact version" in resumed.stdout
+    assert list((work / "runs/flipped/rl/checkpoints/corrupt").rglob("__1_0.distcp"))  # kept aside, not deleted
+    _assert_matches_reference(work, "flipped")
