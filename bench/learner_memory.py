@@ -15,7 +15,13 @@ another's pages (see MALLOC for how freed memory is returned).
 4. Step time of micro-batched (half the activation memory: 2 micro-batches) against whole-batch
    at the same work, when both fit.
 
-The last lines are `ratio peak_memory 8x/1x: X` and `ratio step_time micro/whole: Y`.
+5. The FSDP2 learner (`rl.workers.learner_strategy: fsdp2`): the per-rank peak of a step on a
+   model whose weights, gradients and AdamW state dominate (65 M parameters, a small batch), one
+   rank against each of two gloo ranks. A rank's peak is its resident peak during the step minus
+   its resident memory before the model was built, so the state it keeps counts.
+
+The last lines are `ratio peak_memory 8x/1x: X`, `ratio step_time micro/whole: Y` and
+`ratio rank_peak fsdp2 P2/P1: Z`.
 """
 from __future__ import annotations
 
@@ -56,7 +62,7 @@ def build(layers: int, checkpointing: bool):
     return model
 
 
-def batch(rows: int, seed: int = 0):
+def batch(rows: int, seed: int = 0, vocab: int = SHAPE["vocab"]):
     """A stored step's batch: random tokens, completions of 96..128 tokens with one of each group
     cut at 128 (a step always has rows that ran to max_new_tokens), a group's prompt shared."""
     import torch
@@ -65,8 +71,8 @@ def batch(rows: int, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     p, t, size = SHAPE["prompt"], SHAPE["completion"], SHAPE["group"]
-    prompts = torch.randint(5, SHAPE["vocab"], (rows // size, p), generator=g).repeat_interleave(size, 0)  # (B, P)
-    completions = torch.randint(5, SHAPE["vocab"], (rows, t), generator=g)                               # (B, T)
+    prompts = torch.randint(5, vocab, (rows // size, p), generator=g).repeat_interleave(size, 0)          # (B, P)
+    completions = torch.randint(5, vocab, (rows, t), generator=g)                                        # (B, T)
     ends = torch.randint(3 * t // 4, t + 1, (rows,), generator=g)                                         # (B,)
     ends[::size] = t
     mask = (torch.arange(t)[None, :] < ends[:, None]).long()                                              # (B, T)
@@ -98,6 +104,64 @@ def one(spec: dict) -> dict:
             "micro_batches": metrics["learn/micro_batches"], "padding": metrics["learn/padding_fraction"]}
 
 
+# weights, gradients and AdamW's two moments of 65 M parameters (1,040 MB in fp32) against a step of
+# 8 rows: the state is what sharding divides
+FSDP_SHAPE = {"hidden": 512, "layers": 16, "vocab": 8000, "rows": 8}
+
+
+def fsdp_rank(spec: dict) -> dict:
+    """One rank of an FSDP2 learner group of `world` (gloo): build, shard, two updates; the
+    second's resident peak above this process's memory before the model existed."""
+    import torch
+    import torch.distributed as dist
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hindsight.learning import sharding
+    from hindsight.learning.algorithms.losses import LossSettings
+    from hindsight.learning.update import LearnerSettings, Share, update
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=spec["rank"],
+                            world_size=spec["world"])
+    base = _rss_kb()
+    torch.manual_seed(0)
+    h = FSDP_SHAPE["hidden"]
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=FSDP_SHAPE["vocab"], hidden_size=h, intermediate_size=h * 4,
+                                         num_hidden_layers=FSDP_SHAPE["layers"], num_attention_heads=8,
+                                         num_key_value_heads=2, tie_word_embeddings=True))
+    model.compute_dtype = torch.float32
+    params = sum(p.numel() for p in model.parameters())
+    model = sharding.shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    s = LearnerSettings(micro_batch_tokens=2 * (SHAPE["prompt"] + SHAPE["completion"]),
+                        loss=LossSettings(kl_coef=0.0, max_len=SHAPE["completion"]))
+    share = Share(rank=spec["rank"], world=spec["world"], sharded=True)
+    exp = lambda: batch(FSDP_SHAPE["rows"], vocab=FSDP_SHAPE["vocab"])  # noqa: E731
+    update(model, opt, exp(), s, share=share)  # allocates AdamW's state
+    Path("/proc/self/clear_refs").write_text("5")
+    t0 = time.perf_counter()
+    update(model, opt, exp(), s, share=share)
+    seconds = time.perf_counter() - t0
+    peak = (_status_kb("VmHWM") - base) / 1024
+    dist.destroy_process_group()
+    return {**spec, "rank_peak_mb": peak, "seconds": seconds, "params_m": params / 1e6}
+
+
+def fsdp_group(world: int) -> list[dict]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, **MALLOC}
+    procs = [subprocess.Popen([sys.executable, __file__, "--fsdp", json.dumps({"rank": r, "world": world, "port": port})],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env) for r in range(world)]
+    out = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"an fsdp2 rank failed: {[p.returncode for p in procs]}")
+    return out
+
+
 def _status_kb(key: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -125,10 +189,18 @@ def show(label: str, r: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--fsdp", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="one timing round instead of three")
+    ap.add_argument("--only-fsdp2", action="store_true", help="only part 5, the FSDP2 per-rank peak")
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
+        return
+    if args.fsdp:
+        print(json.dumps(fsdp_rank(json.loads(args.fsdp))))
+        return
+    if args.only_fsdp2:
+        fsdp2_ratio()
         return
     budget = 2 * (SHAPE["prompt"] + SHAPE["completion"])  # two sequences per micro-batch: 320 tokens
     print(f"model: Qwen2 hidden {SHAPE['hidden']}, vocab {SHAPE['vocab']}, prompt {SHAPE['prompt']}, "
@@ -153,6 +225,16 @@ def main() -> None:
     print(f"ratio peak_memory checkpointing/none (16 layers): {deep[True]['extra_mb'] / deep[False]['extra_mb']:.2f}")
     print(f"ratio peak_memory 8x/1x: {micro[64]['extra_mb'] / micro[8]['extra_mb']:.2f}")
     print(f"ratio step_time micro/whole: {tm / tw:.2f}")
+    fsdp2_ratio()
+
+
+def fsdp2_ratio() -> None:
+    one_rank, two_ranks = fsdp_group(1), fsdp_group(2)
+    print(f"fsdp2, {one_rank[0]['params_m']:.0f} M parameters, {FSDP_SHAPE['rows']} rows a step:")
+    for r in one_rank + two_ranks:
+        print(f"  P={r['world']} rank {r['rank']}: peak {r['rank_peak_mb']:7.1f} MB  step {r['seconds']:.2f} s", flush=True)
+    worst = max(r["rank_peak_mb"] for r in two_ranks)  # the rank that must fit its device
+    print(f"ratio rank_peak fsdp2 P2/P1: {worst / one_rank[0]['rank_peak_mb']:.2f}")
 
 
 if __name__ == "__main__":
