@@ -218,7 +218,7 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     rank with fewer than the others: they join the collectives and count for nothing."""
     optimizer.zero_grad(set_to_none=True)
     dev, sums, is_max = model_device(model), {}, 0.0
-    for rows, scale, weight in _with_idle(parts, idle, scale, weight):
+    for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
         mask = part.completion_mask                                               # (b, t)
         logp, entropy = group_token_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
@@ -229,14 +229,14 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
             is_w = tis_weights(part.logprobs, part.engine_logprobs, s.is_cap)     # (b, t)
         loss, stats = policy_loss(logp, part.logprobs, part.ref_logprobs, part.advantages, mask, s.loss,
                                   entropy if s.loss.entropy_coef else None, is_w, totals)
-        (loss * scale).backward()
+        (loss * w_loss).backward()
         m = mask.to(logp.dtype)
-        n = float(m.sum()) * weight  # the micro-batch's statistics are token means: back to sums
-        _add(sums, {"loss": float(loss.detach()) * weight, "entropy": float((entropy.detach() * m).sum()) * weight,
+        n = float(m.sum()) * w_stats  # the micro-batch's statistics are token means: back to sums
+        _add(sums, {"loss": float(loss.detach()) * w_stats, "entropy": float((entropy.detach() * m).sum()) * w_stats,
                     **{k: v * n for k, v in stats.items()}})
-        if is_w is not None and weight:
-            _add(sums, {"is/mean": float((is_w * m).sum()) * weight,
-                        "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum()) * weight})
+        if is_w is not None and w_stats:
+            _add(sums, {"is/mean": float((is_w * m).sum()) * w_stats,
+                        "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum()) * w_stats})
             is_max = max(is_max, float((is_w * m).max()))
     share.sync(model.parameters())
     grad_norm = _clip(model, s.max_grad_norm)
@@ -253,14 +253,14 @@ def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], tota
                  share: Share, scale: float, weight: float, idle: int = 0) -> dict:
     optimizer.zero_grad(set_to_none=True)
     dev, sums = model_device(critic), {}
-    for rows, scale, weight in _with_idle(parts, idle, scale, weight):
+    for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
         values = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1))  # (b, t)
         loss, clipped = value_loss(values, part.values, part.returns, part.completion_mask,
                                    s.algorithm_settings.value_clip, totals)
-        (loss * scale).backward()
-        _add(sums, {"critic/loss": float(loss.detach()) * weight,
-                    "clipped_tokens": clipped * float(part.completion_mask.sum()) * weight})
+        (loss * w_loss).backward()
+        _add(sums, {"critic/loss": float(loss.detach()) * w_stats,
+                    "clipped_tokens": clipped * float(part.completion_mask.sum()) * w_stats})
     share.sync(critic.parameters())
     grad_norm = _clip(critic, s.max_grad_norm)
     sums = share.total(sums)

@@ -1,8 +1,14 @@
 """Rollouts with vLLM (`rl.rollout.backend: vllm`, the optional `.[vllm]` extra, a CUDA GPU).
 
-One engine stays resident for the whole RL stage. After each update the policy's new weights
-are pushed into it in place (vLLM's `load_weights`, as TRL's colocate mode does), so the
-engine is never restarted. Log-probs come back from vLLM processed by temperature and top-p
+One engine stays resident for the whole RL stage, in vLLM's default layout: its engine core
+(and the model) in a process of its own. After each update the policy's new weights are pushed
+into it in place, never through disk and never restarting it: a bucket at a time through
+`LLM.collective_rpc` naming a method by its name (`hindsight_load_weights`, added to vLLM's
+worker by `rollout.vllm_weights.WeightReceiver` through vLLM's `worker_extension_cls`), with
+plain tensors as arguments, which vLLM's own serializer carries across the process boundary.
+(A callable sent through `collective_rpc` needs pickling, which vLLM 0.33 refuses unless
+VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine's model is not reachable in this process.)
+Log-probs come back from vLLM processed by temperature and top-p
 (`logprobs_mode="processed_logprobs"`); the RL stage recomputes the behaviour log-probs with
 the training model (the ratio's anchor) and keeps these only for the optional truncated
 importance-sampling weight. Not run on the CPU development machine: `bench/gpu_check.sh`
@@ -36,22 +42,20 @@ def require_vllm() -> None:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int):
+    def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int,
+                 bucket_mb: float = 512.0):
         require_vllm()
         from vllm import LLM
 
+        self.bucket_bytes = int(bucket_mb * 2**20)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+                       worker_extension_cls=WEIGHT_RECEIVER)
 
     def load_weights(self, model) -> None:
         """Push the policy's current weights into the resident engine (no restart, no disk)."""
-        weights = engine_parameters(model)  # a LoRA policy's merged weights
-        runner_model = _in_process_model(self.llm)
-        if runner_model is not None:
-            runner_model.load_weights(weights)
-        else:  # engine workers in their own processes: ship the tensors to them
-            cpu = [(n, w.to("cpu")) for n, w in weights]
-            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu,))
+        for bucket in weight_buckets(engine_parameters(model), self.bucket_bytes):  # a LoRA policy's merged weights
+            self.llm.collective_rpc("hindsight_load_weights", args=(bucket,))
         self.llm.reset_prefix_cache()
 
     @torch.no_grad()
@@ -85,18 +89,18 @@ def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[
     return Experience(p_ids, p_mask, c_ids, c_mask, lp * c_mask, group_size)
 
 
-def _in_process_model(llm):
-    """The engine's torch model when it runs in this process (vLLM's V0 layout or in-process V1).
-
-    vLLM has no public call for this: the attribute walk below is the one place hindsight reads its
-    private layout, and it returns None (then `collective_rpc`, the public call, is used) when a
-    version moves these attributes. With vLLM's default engine in its own process it is None."""
-    executor = getattr(llm.llm_engine, "model_executor", None)
-    worker = getattr(executor, "driver_worker", None)
-    worker = getattr(worker, "worker", worker)
-    runner = getattr(worker, "model_runner", None)
-    return getattr(runner, "model", None)
+WEIGHT_RECEIVER = "hindsight.rollout.vllm_weights.WeightReceiver"
 
 
-def _load_weights_on_worker(worker, weights):
-    worker.model_runner.model.load_weights([(n, w.to(worker.device)) for n, w in weights])
+def weight_buckets(weights: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """(name, tensor) pairs as CPU tensors in buckets of about `bucket_bytes` (a larger tensor
+    alone), the arguments of one `collective_rpc` each."""
+    buckets, bucket, size = [], [], 0
+    for name, w in weights:
+        nbytes = w.numel() * w.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            buckets.append(bucket)
+            bucket, size = [], 0
+        bucket.append((name, w.detach().to("cpu").contiguous()))
+        size += nbytes
+    return buckets + [bucket] if bucket else buckets

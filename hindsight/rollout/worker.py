@@ -165,7 +165,8 @@ class RolloutWorker:
             from hindsight.rollout.vllm import VLLMEngine
 
             v = r.vllm
-            self.engine = VLLMEngine(self.init_path, v.dtype, self.seed, v.gpu_memory_utilization, v.max_model_len)
+            self.engine = VLLMEngine(self.init_path, v.dtype, self.seed, v.gpu_memory_utilization, v.max_model_len,
+                                     self.rl.workers.publish_bucket_mb)
             self.engine_stale = True
         if self.engine_stale:  # the policy moved since the engine last saw it
             self.engine.load_weights(self.policy)

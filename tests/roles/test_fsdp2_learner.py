@@ -2,7 +2,6 @@
 in Hugging Face format trains the weights one unsharded process trains, for GRPO and for PPO
 with its critic, with and without mini- and micro-batches, and with CPU offload."""
 import pytest
-import torch
 
 from hindsight.config import PipelineConfig
 from hindsight.coordination.run import RLRun
