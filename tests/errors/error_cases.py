@@ -143,6 +143,19 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, cfg)))
 
 
+@case("num-processes-for-rl")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    cfg["resources"] = {"num_processes": 2}
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("fsdp2-with-lora")
+def _(ws, tmp):
+    workers = {"learner_strategy": "fsdp2"}
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers=workers, lora={"enabled": True}))))
+
+
 @case("set-syntax")
 def _(ws, tmp):
     return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", "rl.steps"))
