@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One short GPU check (about 3-4 minutes on one H200): RL steps of a ~100M model built in code,
-# with hf and with vllm rollouts, then vllm with rl.async.max_staleness 0 against 1. Installs
+# with hf and with vllm rollouts, then vllm with rl.async.max_staleness 0 against 1, the FSDP2
+# learner over the visible GPUs (bf16, NCCL), and the vLLM push (outputs change after it). Installs
 # nothing from the network: run it where the project and its `.[vllm]` extra are already
 # installed. Prints tokens/s per backend, the update's throughput, and for k = 0 and k = 1 the
 # step time and the sampled tokens per second of a whole step.

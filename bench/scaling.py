@@ -5,8 +5,10 @@
 1. Rollout throughput: samples/s of N = 1 and N = 2 rollout workers (Ray actors), the same
    groups (each group's seed is its own, so both sample the same tokens).
 2. Update step: P = 2 learners in one process group for the stage (this process and a Ray
-   actor) against the per-step `accelerate launch` of 2 processes (resources.num_processes),
-   the same batches.
+   actor), replicated (`ddp`) against sharded (`fsdp2`: every forward gathers each layer's
+   weights, and the update ends by gathering the full weights for the rollout copy), the same
+   batches. (The per-step `accelerate launch` this used to be compared with is gone; it cost
+   68x the group's step.)
 
 Medians over the steps after the first (which pays start-up), and the ratios.
 """
@@ -77,13 +79,14 @@ def main() -> None:
         print(f"rollout workers N={n}: {rates[n]:.1f} samples/s (median of {len(times)} steps, {samples} samples a step)")
     print(f"ratio N=2/N=1 samples_per_s: {rates[2] / rates[1]:.2f}")
 
-    group_cfg = config(work, work / "group", args.steps, rl={"workers": {"placement": "ray", "learner": 2}})
-    group, _ = timed_steps(group_cfg, init, args.steps, "update")
-    launch_cfg = config(work, work / "launch", args.steps, resources={"num_processes": 2})
-    launch, _ = timed_steps(launch_cfg, init, args.steps, "update")
-    g, a = statistics.median(group), statistics.median(launch)
-    print(f"update step, P=2 learner group: {g:.2f} s; per-step accelerate launch of 2 processes: {a:.2f} s")
-    print(f"ratio launch/group step_time: {a / g:.1f}")
+    steps = {}
+    for strategy in ("ddp", "fsdp2"):
+        workers = {"placement": "ray", "learner": 2, "learner_strategy": strategy}
+        times, _ = timed_steps(config(work, work / strategy, args.steps, rl={"workers": workers}), init, args.steps,
+                               "update")
+        steps[strategy] = statistics.median(times)
+    print(f"update step, P=2 learner group: ddp {steps['ddp']:.2f} s, fsdp2 {steps['fsdp2']:.2f} s")
+    print(f"ratio fsdp2/ddp step_time: {steps['fsdp2'] / steps['ddp']:.2f}")
 
 
 if __name__ == "__main__":
