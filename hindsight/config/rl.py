@@ -72,9 +72,9 @@ class WorkersConfig(Strict):
                            "torch.distributed.checkpoint shards")
     learner_offload: bool = Field(False, description="fsdp2: keep parameters, gradients and Adam state on the CPU "
                                                      "between uses (CPUOffloadPolicy); the step runs there")
-    publish_bucket_mb: float = Field(512.0, gt=0, description="fsdp2: the full weights are gathered from the "
-                                                              "shards and sent to the rollout workers this many "
-                                                              "MiB at a time")
+    publish_bucket_mb: float = Field(512.0, gt=0, description="new weights go this many MiB at a time: gathered "
+                                                              "from an fsdp2 learner's shards, and pushed into a "
+                                                              "vLLM engine")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
     placement_timeout_s: float = Field(60.0, gt=0, description="an actor the Ray cluster has not placed by then is "
                                                               "dropped (a line in the log); the run keeps the "
@@ -101,6 +101,8 @@ class WorkersConfig(Strict):
     def _ray_for_more_learners(self):
         if self.learner > 1 and self.placement != "ray":
             raise ValueError("learner > 1 runs its other ranks as Ray actors: set rl.workers.placement: ray")
+        if self.learner_offload and self.learner_strategy != "fsdp2":
+            raise ValueError("learner_offload moves a sharded learner's state to the CPU: set learner_strategy: fsdp2")
         return self
 
 

@@ -72,7 +72,8 @@ def full_buckets(model, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
     """The model's full weights, a bucket of about `bucket_bytes` at a time (one tensor larger
     than a bucket is a bucket of its own). Every rank must iterate it in step: each tensor is
     all-gathered from the shards. A bucket is dropped by the caller before the next is built,
-    so no rank holds more than one bucket of gathered weights."""
+    so a rank holds at most one bucket and the one tensor being gathered
+    (tests/roles/test_publish_memory.py measures it)."""
     from torch.distributed.tensor import DTensor
 
     bucket, size = {}, 0

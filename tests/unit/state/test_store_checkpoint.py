@@ -126,3 +126,32 @@ def test_a_column_reads_the_same_values_as_the_rows(tmp_path):
     fresh = RolloutStore(tmp_path)  # nothing cached: read from the file
     assert fresh.column("rollouts", 4, "weights_version") == [r["weights_version"] for r in rows]
     assert fresh.read("rollouts", 4) == rows
+
+
+def test_a_sharded_learner_state_is_one_component_with_its_checksums(tmp_path):
+    """The folder a sharded learner writes (one file per rank) is kept, checksummed, retained and
+    set aside like every component; without optimizer files of its own."""
+    path = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
+    model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
+    ck = CheckpointManager(tmp_path / "ck", keep_last=2)
+
+    def shards(step):
+        def write(folder):
+            for rank in (0, 1):
+                (folder / f"__{rank}_0.distcp").write_bytes(bytes([step, rank]) * 64)
+            (folder / ".metadata").write_bytes(b"meta")
+        return write
+
+    for step in (2, 4, 6):
+        ck.save(step, model, tok, extra={}, sharded_state=shards(step))
+    root = tmp_path / "ck"
+    assert sorted(p.name for p in (root / "learner_state").iterdir()) == ["step-000004", "step-000006"]
+    assert not (root / "optimizer").exists()
+    assert ck.manifest()["learner_state"] == 6 and "learner_state/step-000006/__1_0.distcp" in ck.manifest()["versions"]["6"]
+    shard = root / "learner_state/step-000006/__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[3] ^= 1
+    shard.write_bytes(bytes(data))
+    assert ck.intact_step() == 4  # the flipped bit is caught; the newest intact version is used
+    assert ck.manifest()["learner_state"] == 4 and not (root / "learner_state/step-000006").exists()
+    assert list((root / "corrupt").rglob("__1_0.distcp"))
