@@ -18,8 +18,10 @@ lint:
 	$(PY) -m ruff check .
 	lint-imports
 
+# two workers (this machine's cores), a whole file at a time each: a file's module fixtures (a
+# reference run, a server) are built once; pytest's exit 5 (no tests) fails the target too
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 test-fast:
 	$(PY) -m pytest -q -m "not integration"

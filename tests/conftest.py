@@ -117,15 +117,13 @@ def _one_prefect_server(request):
         yield
 
 
-INTEGRATION_DIRS = {"flows", "deploy", "errors", "faults", "sweep", "lookback", "roles", "sandbox", "terminal", "tracking",
-                    "lint"}
-
-
 def pytest_collection_modifyitems(config, items):
-    """Every test in these top-level folders starts the CLI, a server, a browser or another process,
-    or waits on a clock: the `integration` tier. tests/unit/ (mirroring the packages) is the rest."""
+    """Every test outside tests/unit/ (which mirrors the packages) starts the CLI, a server, a
+    browser or another process, or waits on a clock: the `integration` tier. A new top-level
+    folder is integration by default (tests/judge was missed by an explicit list)."""
     for item in items:
-        if Path(item.path).relative_to(Path(__file__).parent).parts[0] in INTEGRATION_DIRS:
+        parts = Path(item.path).relative_to(Path(__file__).parent).parts
+        if len(parts) > 1 and parts[0] != "unit":
             item.add_marker(pytest.mark.integration)
 
 
