@@ -16,6 +16,6 @@ def deal(items: list, n: int, unit=None) -> list[list]:
 def start_learner_group(cfg, pad_id: int, files: dict, policy, critic):
     """The learner group of the stage (rl.workers.learner = P ranks; this process is rank 0), for
     the whole stage; a sharded learner of one process has a group of one."""
-    from hindsight.coordination.placement import LearnerGroup
+    from hindsight.coordination.learner_group import LearnerGroup
 
     return LearnerGroup(cfg.rl.workers.learner, cfg.rl, files, cfg.model, pad_id, cfg.seed, policy, critic)
