@@ -66,7 +66,7 @@ class VLLMEngine:
 
         # every setting explicit, and the stop set the hf sampler uses: nothing from the checkpoint's
         # generation config (vLLM reads it only through get_default_sampling_params, not called here)
-        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, top_k=-1, min_p=0.0,
+        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, top_k=0, min_p=0.0,
                                 repetition_penalty=1.0, max_tokens=max_new_tokens, logprobs=0, seed=seed,
                                 stop_token_ids=list(stop_ids))
         seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
