@@ -25,10 +25,16 @@ class LearnerGroup:
             peer = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                    runtime_env={"env_vars": actor_env(rl.workers)})(LearnerPeer)
             self.peers = [peer.remote(r, world, init, rl, model_cfg, files, pad_id, seed) for r in range(1, world)]
-        dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world,
-                                timeout=group_timeout(rl))
-        if not self.sharded:
-            broadcast_from_rank0(policy, critic)
+        if dist.is_initialized():  # left by an earlier attempt of this stage in this process that failed
+            dist.destroy_process_group()
+        try:
+            dist.init_process_group(process_group_backend(), init_method=init, rank=0, world_size=world,
+                                    timeout=group_timeout(rl))
+            if not self.sharded:
+                broadcast_from_rank0(policy, critic)
+        except BaseException:
+            self.close()
+            raise
 
     def wait_ready(self) -> None:
         """The peers have built what they train (after rank 0's own collectives of the start)."""

@@ -38,9 +38,18 @@ class Learner:
             self.critic = build_critic(self.critic_source, model_cfg, rl, pad_id, cfg.seed)
         self._serving = None
         self.group = None
-        files = self.resume_files(ckpt, start)
+        try:
+            self._prepare(ckpt, start, start_group)
+        except BaseException:  # a half-started group would hold the process group for the retry
+            self.close()
+            raise
+
+    def _prepare(self, ckpt, start: int | None, start_group) -> None:
+        """Shard (fsdp2) or start the peers from rank 0's weights (ddp), build the optimizers and
+        read the resume state."""
+        rl, files = self.rl, self.resume_files(ckpt, start)
         if self.sharded:  # every rank shards the same full model, then reads its shard of the state
-            self._serving = serving_copy(self.policy_path, model_cfg)
+            self._serving = serving_copy(self.policy_path, self.cfg.model)
             self.group = start_group(files, self.policy, self.critic)
             self.policy = sharding.shard(self.policy, rl.workers.learner_offload, self.policy.compute_dtype)
             if self.critic is not None:

@@ -77,3 +77,28 @@ def test_the_config_refuses_what_is_not_built(tmp_path):
         PipelineConfig.model_validate(_rl(tmp_path, learner=2, learner_strategy="fsdp2"))
     cfg = PipelineConfig.model_validate(_rl(tmp_path, learner_strategy="fsdp2", learner_offload=True))
     assert cfg.rl.workers.learner == 1  # a sharded group of one: offload on one device
+
+
+def test_a_learner_that_fails_to_start_leaves_no_process_group(tmp_path, monkeypatch):
+    """A sharded learner that fails after its group started (here: sharding itself) closes the
+    group, so the stage's retry in the same process can start a new one."""
+    from functools import partial
+
+    import torch.distributed as dist
+
+    from hindsight.coordination.roles import start_learner_group
+    from hindsight.learning.learner import Learner
+    from hindsight.models.tiny import build_tiny_qwen2
+    from hindsight.state.checkpoint import CheckpointManager
+
+    init = str(build_tiny_qwen2(tmp_path / "init", hidden=16, layers=1, heads=2, kv_heads=1))
+    cfg = PipelineConfig.model_validate(_rl(tmp_path, learner_strategy="fsdp2"))
+
+    def broken(*_a, **_k):
+        assert dist.is_initialized()  # the group of one is up when sharding starts
+        raise RuntimeError("no memory for the shards")
+
+    monkeypatch.setattr(sharding, "shard", broken)
+    with pytest.raises(RuntimeError, match="no memory for the shards"):
+        Learner(cfg, init, None, CheckpointManager(tmp_path / "ck"), None, 0, start_group=partial(start_learner_group, cfg, 0))
+    assert not dist.is_initialized()
