@@ -61,6 +61,25 @@ class RLRun:
         pad_id = self.tok.pad_token_id
         self.learner = Learner(cfg, init_path, rm_path, self.ckpt, start, pad_id,
                                start_group=partial(start_learner_group, cfg, pad_id))
+        try:
+            self._start_roles(start, rows, pad_id, rm_path)
+        except BaseException:  # what did start (the learner group, Ray pools) stops with the failure
+            self._close_started()
+            raise
+
+        self._regenerated: dict[int, int] = {}  # corrupt shards generated again, per step
+        self.history = MetricsLog(self.dir / "metrics.jsonl")
+        self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
+        truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
+        self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
+        self.updating = False  # a step's update or follow-up has begun: a failure now is not retried in place
+        self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
+        if start:  # last, so that nothing built above draws from the restored generators
+            self.ckpt.restore_rng(start)
+
+    def _start_roles(self, start: int | None, rows: list[dict], pad_id: int, rm_path: str | None) -> None:
+        """The roles around the learner: rollouts, scorers, and the state they share."""
+        cfg, init_path = self.cfg, self.init_path
         self.lr_multiplier = lr_multiplier(self.dir / "alerts.jsonl", start) if start else 1.0  # `lower_lr` alerts
         self._set_lr()  # the configured rl.lr applies on resume, not the rate stored in the optimizer
         self.ledger = Ledger(self.dir)
@@ -74,15 +93,13 @@ class RLRun:
         atomic_write_json(self.dir / "decoding.json", self.decoding)
         self.rollouts.start(self.scorers, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
 
-        self._regenerated: dict[int, int] = {}  # corrupt shards generated again, per step
-        self.history = MetricsLog(self.dir / "metrics.jsonl")
-        self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
-        truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
-        self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
-        self.updating = False  # a step's update or follow-up has begun: a failure now is not retried in place
-        self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
-        if start:  # last, so that nothing built above draws from the restored generators
-            self.ckpt.restore_rng(start)
+    def _close_started(self) -> None:
+        for role in ("rollouts", "scorers", "learner"):
+            if hasattr(self, role):
+                try:
+                    getattr(self, role).close()
+                except Exception:  # the failure that stopped the start is the one to report
+                    pass
 
     @property
     def policy(self):
