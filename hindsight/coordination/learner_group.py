@@ -15,7 +15,7 @@ class LearnerGroup:
     def __init__(self, world: int, rl, files: dict, model_cfg, pad_id: int, seed: int, policy, critic):
         import torch.distributed as dist
 
-        self.world, self.sharded, self.pids = world, rl.workers.learner_strategy == "fsdp2", None
+        self.world, self.sharded = world, rl.workers.learner_strategy == "fsdp2"
         self.ray = start_ray(rl.workers.ray_address) if world > 1 else None
         host = self.ray.util.get_node_ip_address() if self.ray else "127.0.0.1"
         init = f"tcp://{host}:{_free_port()}"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from hindsight.buckets import by_size, nbytes
+
 
 def is_sharded(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
@@ -71,21 +73,13 @@ def aliases(model) -> dict[str, str]:
 def full_buckets(model, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
     """The model's full weights, a bucket of about `bucket_bytes` at a time (one tensor larger
     than a bucket is a bucket of its own). Every rank must iterate it in step: each tensor is
-    all-gathered from the shards. A bucket is dropped by the caller before the next is built,
-    so a rank holds at most one bucket and the one tensor being gathered
-    (tests/roles/test_publish_memory.py measures it)."""
+    all-gathered from the shards. A bucket is dropped by the caller before the next is
+    gathered, so a rank holds at most one bucket of gathered weights, plus the all-gather's own
+    buffer for the tensor in flight (tests/roles/test_publish_memory.py measures it)."""
     from torch.distributed.tensor import DTensor
 
-    bucket, size = {}, 0
-    for name, t in tensors(model):
-        nbytes = t.numel() * t.element_size()  # a DTensor's global size: known before the gather
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = {}, 0
-        full = t.full_tensor() if isinstance(t, DTensor) else t
-        bucket[name], size = full.detach(), size + nbytes
-    if bucket:
-        yield bucket
+    for bucket in by_size(tensors(model), bucket_bytes):  # cut by the DTensors' global sizes
+        yield {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach() for name, t in bucket}
 
 
 def copy_into(receiver, bucket: dict[str, torch.Tensor], targets: dict[str, torch.Tensor] | None = None) -> None:
@@ -108,7 +102,7 @@ def publish(model, receiver, bucket_bytes: int) -> dict[str, float]:
         if receiver is not None:
             copy_into(receiver, bucket, targets)
         buckets += 1
-        largest = max(largest, sum(t.numel() * t.element_size() for t in bucket.values()))
+        largest = max(largest, sum(nbytes(t) for t in bucket.values()))
         del bucket
     return {"publish/buckets": float(buckets), "publish/largest_bucket_mb": largest / 2**20}
 
@@ -140,10 +134,3 @@ def load_state(folder: Path, parts: dict[str, tuple]) -> None:
     for name, (model, optimizer) in parts.items():
         set_state_dict(model, optimizer, model_state_dict=state[f"{name}/model"],
                        optim_state_dict=state[f"{name}/optimizer"])
-
-
-def local_finite(model) -> bool:
-    """This rank's shard of the weights is finite (the group's answer is the AND over ranks)."""
-    from torch.distributed.tensor import DTensor
-
-    return all(bool(torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()) for p in model.parameters())

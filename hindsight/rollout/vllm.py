@@ -20,6 +20,7 @@ import importlib.util
 
 import torch
 
+from hindsight.buckets import by_size
 from hindsight.data.chat import prompt_text
 from hindsight.errors import ConfigError
 from hindsight.experience import Experience, pad_left, pad_right
@@ -93,14 +94,6 @@ WEIGHT_RECEIVER = "hindsight.rollout.vllm_weights.WeightReceiver"
 
 
 def weight_buckets(weights: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """(name, tensor) pairs as CPU tensors in buckets of about `bucket_bytes` (a larger tensor
-    alone), the arguments of one `collective_rpc` each."""
-    buckets, bucket, size = [], [], 0
-    for name, w in weights:
-        nbytes = w.numel() * w.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            buckets.append(bucket)
-            bucket, size = [], 0
-        bucket.append((name, w.detach().to("cpu").contiguous()))
-        size += nbytes
-    return buckets + [bucket] if bucket else buckets
+    """(name, tensor) pairs as CPU tensors in buckets of about `bucket_bytes` (`buckets.by_size`),
+    the arguments of one `collective_rpc` each."""
+    return [[(name, w.detach().to("cpu").contiguous()) for name, w in bucket] for bucket in by_size(weights, bucket_bytes)]
