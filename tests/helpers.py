@@ -39,3 +39,30 @@ def tiny_init(tmp_path, **config):
 def half_fail(completions, **_):
     """Fails (None, a non-score) on every other completion."""
     return [None if i % 2 else 1.0 for i in range(len(completions))]
+
+
+def run_rl_killable(work, env, config: str, run_dir: str, fault: str | None = None):
+    """`hindsight run rl -c WORK/CONFIG` with run_dir runs/RUN_DIR in its own session (HINDSIGHT_FAULT
+    set to `fault`, if given); afterwards kill what a SIGKILL orphaned (Prefect's temporary server,
+    the reward worker, Ray), which would otherwise hold the output open. The log is both stdout
+    and stderr of the returned CompletedProcess."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    e = {**env, **({"HINDSIGHT_FAULT": fault} if fault else {})}
+    log = work / f"{run_dir}-{'crash' if fault else 'run'}.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", str(work / config),
+                                 "--set", f"run_dir=runs/{run_dir}"], cwd=work, env=e, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=600)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = log.read_text()
+    return subprocess.CompletedProcess(proc.args, rc, text, text)

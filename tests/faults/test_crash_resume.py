@@ -4,9 +4,6 @@ For every crash point: the rerun completes, the rollout store holds each step's 
 exactly once, and the final weights equal an uninterrupted run's.
 """
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -15,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from hindsight.models.tiny import build_tiny_model
+from helpers import run_rl_killable
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -53,24 +51,7 @@ def workspace(tmp_path_factory):
 
 
 def _run(work, env, run_dir, fault=None):
-    """Run the command in its own session; afterwards kill what a SIGKILL orphaned (Prefect's
-    temporary server, the reward worker), which would otherwise hold the output open."""
-    e = dict(env)
-    if fault:
-        e["HINDSIGHT_FAULT"] = fault
-    log = work / f"{run_dir}-{'crash' if fault else 'run'}.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", str(work / "rl.yaml"),
-                                 "--set", f"run_dir=runs/{run_dir}"], cwd=work, env=e, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=600)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return subprocess.CompletedProcess(proc.args, rc, log.read_text(), log.read_text())
+    return run_rl_killable(work, env, "rl.yaml", run_dir, fault)
 
 
 def _weights(work, run_dir):

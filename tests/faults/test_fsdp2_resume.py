@@ -3,14 +3,13 @@ command is SIGKILLed mid-training, and the rerun of the same command ends allclo
 uninterrupted run; a flipped bit in a rank's shard is caught by its sha256 and the run falls
 back to the newest intact version. Through the CLI, on a tiny Qwen2 in Hugging Face format."""
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from helpers import run_rl_killable
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -49,28 +48,9 @@ def workspace(tmp_path_factory):
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("HINDSIGHT_FAULT", None)
-    reference = _run(work, env, "one.yaml", "reference")  # one unsharded process, never interrupted
+    reference = run_rl_killable(work, env, "one.yaml", "reference")  # one unsharded process, never interrupted
     assert reference.returncode == 0, reference.stdout[-3000:]
     return work, env
-
-
-def _run(work, env, config, run_dir, fault=None):
-    """The command in its own session; afterwards kill what a SIGKILL orphaned (Ray, Prefect's
-    temporary server), which would otherwise hold the output open."""
-    e = {**env, **({"HINDSIGHT_FAULT": fault} if fault else {})}
-    log = work / f"{run_dir}-{'crash' if fault else 'run'}.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", str(work / config),
-                                 "--set", f"run_dir=runs/{run_dir}"], cwd=work, env=e, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=600)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return subprocess.CompletedProcess(proc.args, rc, log.read_text())
 
 
 def _final(work, run_dir) -> dict:
@@ -89,11 +69,11 @@ def _assert_matches_reference(work, run_dir) -> None:
 
 def test_sigkill_then_rerun_resumes_from_the_sharded_checkpoint(workspace):
     work, env = workspace
-    crashed = _run(work, env, "fsdp2.yaml", "killed", "update:3")
+    crashed = run_rl_killable(work, env, "fsdp2.yaml", "killed", "update:3")
     assert crashed.returncode == -9, crashed.stdout[-3000:]  # really killed, not a clean exit
     state = work / "runs/killed/rl/checkpoints/learner_state/step-000002"
     assert sorted(p.name for p in state.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one per rank
-    resumed = _run(work, env, "fsdp2.yaml", "killed")
+    resumed = run_rl_killable(work, env, "fsdp2.yaml", "killed")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "resuming rl from step 2" in resumed.stdout
     _assert_matches_reference(work, "killed")
@@ -101,13 +81,13 @@ def test_sigkill_then_rerun_resumes_from_the_sharded_checkpoint(workspace):
 
 def test_a_flipped_bit_in_a_shard_falls_back_to_the_newest_intact_version(workspace):
     work, env = workspace
-    crashed = _run(work, env, "fsdp2.yaml", "flipped", "update:5")  # checkpoints 2 and 4 kept
+    crashed = run_rl_killable(work, env, "fsdp2.yaml", "flipped", "update:5")  # checkpoints 2 and 4 kept
     assert crashed.returncode == -9, crashed.stdout[-3000:]
     shard = work / "runs/flipped/rl/checkpoints/learner_state/step-000004/__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x10  # one bit of rank 1's shard
     shard.write_bytes(bytes(data))
-    resumed = _run(work, env, "fsdp2.yaml", "flipped")
+    resumed = run_rl_killable(work, env, "fsdp2.yaml", "flipped")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "checkpoint step 4 is corrupt (learner_state/step-000004/__1_0.distcp" in resumed.stdout
     assert "resuming from step 2, the newest intact version" in resumed.stdout
