@@ -67,7 +67,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--continuous-batching", action="store_true", help="serve with transformers' continuous batching")
     a = ap.parse_args()
-    os.environ.pop("HINDSIGHT_RUN_DIR", None)  # no cache: every text is a request
     with tempfile.TemporaryDirectory() as work:
         model = build_tiny_judge(Path(work) / "judge")
         port = _port()

@@ -15,7 +15,7 @@ another's pages (see MALLOC for how freed memory is returned).
 4. Step time of micro-batched (half the activation memory: 2 micro-batches) against whole-batch
    at the same work, when both fit.
 
-5. The FSDP2 learner (`rl.workers.learner_strategy: fsdp2`): the per-rank peak of a step on a
+5. The FSDP2 learner (`rl.learner.strategy: fsdp2`): the per-rank peak of a step on a
    model whose weights, gradients and AdamW state dominate (65 M parameters, a small batch), one
    rank against each of two gloo ranks. A rank's peak is its resident peak during the step minus
    its resident memory before the model was built, so the state it keeps counts.
@@ -116,9 +116,10 @@ def fsdp_rank(spec: dict) -> dict:
     import torch.distributed as dist
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from hindsight.learning import sharding
+    from hindsight.config import LearnerConfig
     from hindsight.learning.algorithms.losses import LossSettings
-    from hindsight.learning.update import LearnerSettings, Share, update
+    from hindsight.learning.strategies import sharded as sharding
+    from hindsight.learning.update import LearnerSettings, update
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=spec["rank"],
@@ -135,7 +136,7 @@ def fsdp_rank(spec: dict) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
     s = LearnerSettings(micro_batch_tokens=2 * (SHAPE["prompt"] + SHAPE["completion"]),
                         loss=LossSettings(kl_coef=0.0, max_len=SHAPE["completion"]))
-    share = Share(rank=spec["rank"], world=spec["world"], sharded=True)
+    share = sharding.Sharded(spec["rank"], spec["world"], LearnerConfig(strategy="fsdp2"))
     exp = lambda: batch(FSDP_SHAPE["rows"], vocab=FSDP_SHAPE["vocab"])  # noqa: E731
     update(model, opt, exp(), s, share=share)  # allocates AdamW's state
     Path("/proc/self/clear_refs").write_text("5")

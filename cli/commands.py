@@ -34,8 +34,9 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
         with run_lock(cfg.root):  # held from before --force moves anything to the last stage
             if force_new_run:
                 from hindsight.coordination.resume import archive_run_dir
+                from hindsight.state.rundir import RunDir
 
-                moved = archive_run_dir(cfg.root / "rl")
+                moved = archive_run_dir(RunDir.of(cfg).rl.path)
                 if moved:
                     typer.echo(f"moved previous RL state to {moved}")
             stage_flow = registry.stage(stage).load_flow()  # imports Prefect, which sets up its log handlers
@@ -154,7 +155,7 @@ def scale(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME
     """Change a running RL stage's rollout workers (rl.workers.placement: ray). A new worker takes
     leases from the next step, after it has synced the current weights version."""
     def go():
-        from hindsight.coordination.placement import scale_outcome, request_scale
+        from hindsight.coordination.scale import request_scale, scale_outcome
 
         path = request_scale(run_dir, rollout)
         outcome = scale_outcome(path, wait_s=wait)

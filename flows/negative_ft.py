@@ -9,13 +9,14 @@ from hindsight.errors import DataError
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.learning.negative import negative_finetune, split_by_reward
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
+from hindsight.state.rundir import RunDir
 from hindsight.state.store import RolloutStore
 from hindsight.scoring.evaluate import evaluate_model
 
 
 def negative_ft_story(ctx: StageContext) -> StageOutput:
     cfg, n = ctx.cfg, ctx.cfg.negative_ft
-    negatives, positives = split_by_reward(RolloutStore(cfg.root / "rl"), n.quantile)
+    negatives, positives = split_by_reward(RolloutStore(RunDir.of(cfg).rl.path), n.quantile)
     if not negatives:
         raise DataError(f"{cfg.root / 'rl'}: no stored low-reward completions to learn from (run the rl stage first)")
     model, tok = load_causal_lm(ctx.inputs["negative_ft.init"], cfg.model.dtype), load_tokenizer(ctx.inputs["negative_ft.init"])
@@ -34,7 +35,7 @@ NEGATIVE_FT = StageSpec(
     name="negative-ft", sections=("negative_ft", "model", "data", "eval", "seed", "name", "run_dir"),
     models=lambda cfg: {"negative_ft.init": cfg.negative_ft.init or model_uri(cfg, "policy")},
     data=("eval",), rewards=lambda cfg: [cfg.eval.reward],
-    state=lambda cfg: RolloutStore(cfg.root / "rl").steps("scores"),
+    state=lambda cfg: RolloutStore(RunDir.of(cfg).rl.path).steps("scores"),
     registers="negft", story=negative_ft_story)
 
 

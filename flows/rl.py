@@ -14,13 +14,14 @@ from hindsight.state.checkpoint import checkpoint_spans
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.data.rows import format_mismatch
-from hindsight.models.lora import export_adapter, export_merged
+from hindsight.models.export import export_adapter, export_merged
 from hindsight.errors import AlertStop, Preempted
 from hindsight.faults import crash_point
-from hindsight.lookback.rebuild import RUN_IDS
 from hindsight.state.fsutil import append_line
+from hindsight.state.rundir import RunDir
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.preemption import Preemption
+from hindsight.rollout.engines import get_engine
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 import tracking
@@ -38,7 +39,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
     try:
         run = get_run(key)
         check_not_finished(run.dir, run.start_step, cfg.rl.steps)
-        append_line(run.dir / RUN_IDS, run_id)  # `hindsight report RUN_ID` reads a folder only if it says so
+        append_line(run.paths.run_ids, run_id)  # `hindsight report RUN_ID` reads a folder only if it says so
         tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
         tracking.log_decoding(cfg, run_id, run.decoding)
         _announce_resume(cfg, run_id, run)
@@ -66,7 +67,7 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
     lora = cfg.rl.lora
     if not lora.enabled:
         return policy_dir, {}
-    export = cfg.root / "rl" / "export" / "policy"
+    export = RunDir.of(cfg).rl.export_policy
     tags = {"hindsight.adapter": f"lora r={lora.r} alpha={lora.alpha}", "hindsight.lora_registered": lora.registered}
     if lora.registered == "merged":
         return export_merged(policy_dir, export), tags
@@ -91,7 +92,7 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
         if preemption.requested and done < cfg.rl.steps:
             get_run(key).checkpoint(done)
             raise Preempted(f"preempted by {preemption.name()} after step {done} of {cfg.rl.steps}: its checkpoint "
-                            f"is written under {cfg.root / 'rl' / 'checkpoints'}; rerun the same command to resume "
+                            f"is written under {RunDir.of(cfg).rl.checkpoints}; rerun the same command to resume "
                             f"from step {done}", preemption.received)
 
     # one task per checkpoint interval: a retried task continues at the step that failed and
@@ -124,28 +125,25 @@ def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
 
 
 def _checks(cfg: PipelineConfig) -> None:
-    """Before any model loads: one warning when SFT's prompts and RL's differ in format; vLLM and
-    Ray checked, so a missing GPU, an unreachable cluster or a worker layout larger than the
-    cluster is one clear error."""
+    """Before any model loads: one warning when SFT's prompts and RL's differ in format; the
+    rollout engine and Ray checked, so a missing GPU, an unreachable cluster or a worker layout
+    larger than the cluster is one clear error."""
     mismatch = format_mismatch(cfg)
     if mismatch:
         log.warning(mismatch)
-    if cfg.rl.rollout.backend == "vllm":
-        from hindsight.rollout.vllm import require_vllm
-
-        require_vllm()
+    get_engine(cfg.rl.rollout.backend).require()  # the engine's own preflight (vLLM: installed, a GPU)
     w = cfg.rl.workers
     if w.placement == "ray":
         from hindsight.coordination.placement import start_ray
 
-        start_ray(w.ray_address, w.needs())
+        start_ray(w.ray_address, w.needs(cfg.rl.learner.processes))
 
 
 RL = StageSpec(
     name="rl", sections=("rl", "model", "data", "eval", "seed", "name", "run_dir"),
     models=lambda cfg: {"rl.init": cfg.rl.init or model_uri(cfg, "sft"),
                         "reward_model": model_uri(cfg, "rm") if cfg.rl.needs_reward_model() else None},
-    data=("prompts", "eval"), rewards=lambda cfg: list(cfg.rl.rewards) + [cfg.eval.reward],
+    data=("prompts", "eval"), rewards=lambda cfg: list(cfg.rl.scoring.rewards) + [cfg.eval.reward],
     checks=_checks, registers="policy", story=rl_story)
 
 
@@ -166,7 +164,7 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
         say(f"ALERT {alert.message}")
         tracking.set_tags(cfg, run_id, {f"hindsight.alert.{alert.rule}": alert.message})
     if alerts:
-        tracking.log_artifact(cfg, run_id, run.dir / "alerts.jsonl")
+        tracking.log_artifact(cfg, run_id, run.paths.alerts)
     if done and (done % cfg.rl.report_every == 0 or done == cfg.rl.steps) and "reward/mean" in metrics:
         report, *plots = report_task(key, done)
         tracking.log_artifact(cfg, run_id, report, "reports")

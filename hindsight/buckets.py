@@ -1,5 +1,6 @@
 """Weights moved a bucket at a time: the one rule for cutting named tensors into buckets, used
-by the sharded learner's gather (`learning.sharding`) and the vLLM push (`rollout.vllm`)."""
+by the fsdp2 strategy's gather (`learning.strategies.sharded`) and the vLLM push
+(`rollout.engines.vllm`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator

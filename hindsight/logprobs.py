@@ -9,6 +9,12 @@ import torch
 from hindsight.experience import Experience, lengths, micro_batches, trimmed
 
 
+# set on a model by a learner strategy whose every forward is a collective over the group
+# (FSDP2 gathers each layer's weights): the shared-prompt path, which runs a different number of
+# forwards on different rows, is then not taken
+COLLECTIVE_FORWARD = "_hindsight_collective_forward"
+
+
 def compute_autocast(model):
     """bf16 compute on float32 master weights: autocast when the builder gave the model a lower
     compute dtype (`model.dtype: bfloat16`), else nothing. Frozen models loaded in bf16 need none."""
@@ -123,10 +129,10 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     prompts in groups take the plain path, and so does a model training under activation
     checkpointing: transformers turns the KV cache off there, and the copied cache is what
     this path runs on."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or _sharded(model) or checkpointing(model) or \
-            not shares_prompts(input_ids, attention_mask, n_completion, group_size):
-        # DDP reduces gradients once per forward, and a sharded forward is a collective: two
-        # forwards on one rank and one on another (shares take different paths) would deadlock
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or getattr(model, COLLECTIVE_FORWARD, False) or \
+            checkpointing(model) or not shares_prompts(input_ids, attention_mask, n_completion, group_size):
+        # DDP reduces gradients once per forward, and a forward that is a collective must run as
+        # often on every rank: two forwards on one rank and one on another would deadlock
         return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy, entropy_grad)
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
@@ -147,12 +153,6 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     return _from_logits(logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
 
 
-def _sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def checkpointing(model) -> bool:
     """Whether the model recomputes activations in its backward (and so runs without a KV cache)."""
     inner = _innermost(model)
@@ -162,7 +162,7 @@ def checkpointing(model) -> bool:
 @torch.no_grad()
 def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | None) -> torch.Tensor:
     """(B, T) `group_token_logprobs` of a batch without a graph, a micro-batch of at most
-    `budget` padded tokens at a time (the behaviour and reference forwards of `rl.micro_batch_tokens`)."""
+    `budget` padded tokens at a time (the behaviour and reference forwards of `rl.learner.micro_batch_tokens`)."""
     out = torch.zeros(exp.completion_mask.shape, dtype=torch.float32)                          # (B, T)
     for rows in micro_batches(*lengths(exp), exp.group_size, budget):
         part = trimmed(exp, rows)

@@ -15,11 +15,12 @@ completion and any dataset column.
 The verdict is the last `score: X` in the judge's answer, X in [min_score, max_score], scaled to
 [0, 1]. An answer without one, a request that fails after its retries or times out, gets None:
 the RL scorer gives it the fallback and counts it (`reward/failures/judge`), and a judge that
-fails on every completion stops the run (`rl.reward_failure_stop`).
+fails on every completion stops the run (`rl.scoring.failure_stop`).
 
-Verdicts are cached in `cache_dir` (default `$HINDSIGHT_RUN_DIR/judge`, the RL stage's run
-directory), keyed by the judge model, the rubric and the filled-in text: a resumed run or a
-re-score does not ask twice. The key comes from the environment variable `api_key_env` names,
+Verdicts are cached in `cache_dir` (default `judge/` under the run context's `cache_dir`, the
+RL stage's folder, which the scorer hands to a reward that names a `run_context` parameter),
+keyed by the judge model, the rubric and the filled-in text: a resumed run or a re-score does
+not ask twice. The key comes from the environment variable `api_key_env` names,
 never from the YAML.
 """
 from __future__ import annotations
@@ -126,11 +127,11 @@ def ask(base_url: str, model: str, text: str, api_key: str | None, timeout_s: fl
 def judge(completions, prompts=None, *, base_url: str, model: str, rubric: str, api_key_env: str | None = None,
           concurrency: int = 4, timeout_s: float = 30.0, retries: int = 2, max_tokens: int = 16,
           min_score: float = 0.0, max_score: float = 1.0, gate: str | None = None, gate_mode: str = "multiply",
-          cache_dir: str | None = None, **columns) -> list[float | None]:
+          cache_dir: str | None = None, run_context=None, **columns) -> list[float | None]:
     """One verdict per completion (None: unparseable or unanswered), gated by a rule reward if set."""
     _check(rubric, gate_mode, concurrency, api_key_env, columns)
     api_key = os.environ.get(api_key_env) if api_key_env else None
-    cache = VerdictCache.at(cache_dir or _run_cache())
+    cache = VerdictCache.at(cache_dir or (str(Path(run_context.cache_dir) / "judge") if run_context else None))
     prompts = prompts if prompts is not None else [None] * len(completions)
     names = [k for k in columns if isinstance(columns[k], list) and len(columns[k]) == len(completions)]
     texts = [render(rubric, p, c, {k: columns[k][i] for k in names}) for i, (p, c) in enumerate(zip(prompts, completions))]
@@ -171,11 +172,6 @@ def _load(spec: str):
     if not callable(fn):
         raise ValueError(f"gate: {spec!r} is not an importable module:function")
     return fn
-
-
-def _run_cache() -> str | None:
-    run_dir = os.environ.get("HINDSIGHT_RUN_DIR")
-    return str(Path(run_dir) / "judge") if run_dir else None
 
 
 def _check(rubric: str, gate_mode: str, concurrency: int, api_key_env, columns: dict) -> None:

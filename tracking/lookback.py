@@ -13,7 +13,8 @@ from hindsight.errors import ConfigError
 from hindsight.scoring.evaluate import judge
 from hindsight.state.fsutil import atomic_write_bytes
 from hindsight.models.load import load_causal_lm, load_tokenizer
-from hindsight.lookback.rebuild import RUN_IDS, owns
+from hindsight.lookback.rebuild import owns
+from hindsight.state.rundir import RunDir
 from hindsight.lookback.report import render_versions_report, text_table
 from hindsight.stage import model_name
 import tracking
@@ -35,9 +36,9 @@ def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Pa
         model = load_causal_lm(path, cfg.model.dtype).eval()
         with judge_worker(cfg) as worker:
             answers[label] = judge(model, load_tokenizer(path), rows, cfg.eval.reward, cfg.eval.max_new_tokens,
-                                   worker, cfg.rl.reward_timeout_s, cfg.rl.reward_fallback)
+                                   worker, cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback)
         del model
-    out = cfg.root / "rl" / "reports" / "versions.html"
+    out = RunDir.of(cfg).rl.versions_report
     prompts = [display_prompt(r["prompt"]) for r in rows]  # chat prompts are turns, not text
     atomic_write_bytes(out, render_versions_report(cfg.name, prompts, answers).encode("utf-8"))
     return out
@@ -69,9 +70,9 @@ def run_dir_of(c: MlflowClient, ref: str) -> Path:
     path = run.data.tags.get("hindsight.run_dir")
     if not path:
         raise ConfigError(f"run {ref!r} has no hindsight.run_dir tag (only RL stage runs store rollouts)")
-    if not owns(Path(path) / "rl", run.info.run_id):
+    if not owns(RunDir(path).rl.path, run.info.run_id):
         raise ConfigError(f"run {ref!r}: its hindsight.run_dir tag names {path}, which does not record that run "
-                          f"(rl/{RUN_IDS}); refusing to read it")
+                          f"({RunDir(path).rl.run_ids}); refusing to read it")
     return Path(path)
 
 

@@ -24,7 +24,7 @@ class TrackingConfig(Strict):
 class ResourcesConfig(Strict):
     num_processes: int = Field(1, ge=1, description="> 1: SFT and the reward model train under `accelerate launch` "
                                                     "with this many processes (batch_size stays the global batch); "
-                                                    "the RL stage's processes are rl.workers.learner")
+                                                    "the RL stage's processes are rl.learner.processes")
     accelerate_config: str | None = Field(None, description="accelerate config file, e.g. configs/accelerate/fsdp.yaml; "
                                                             "default: DDP")
 
@@ -64,13 +64,13 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _batches_divide(self):
         n = self.resources.num_processes
-        if n > 1 and "learner" not in self.rl.workers.model_fields_set:
+        if n > 1 and "processes" not in self.rl.learner.model_fields_set:
             # it used to relaunch `accelerate launch` for every RL update, with every rank holding
             # the whole model: the learner group replaced it, and it must not be dropped silently
             raise ValueError(f"resources.num_processes: {n} trains only sft and reward_model now; the RL stage trains "
-                             f"on several processes as a learner group: set rl.workers.learner: {n} (with "
-                             f"rl.workers.placement: ray, and learner_strategy: fsdp2 to shard the model), or "
-                             f"rl.workers.learner: 1 to train RL in one process")
+                             f"on several processes as a learner group: set rl.learner.processes: {n} (with "
+                             f"rl.workers.placement: ray, and rl.learner.strategy: fsdp2 to shard the model), or "
+                             f"rl.learner.processes: 1 to train RL in one process")
         for key, batch in (("sft.batch_size", self.sft.batch_size), ("reward_model.batch_size", self.reward_model.batch_size)):
             if batch % n:
                 raise ValueError(f"{key} {batch} does not divide over resources.num_processes {n}")

@@ -1,50 +1,67 @@
-"""The RL section: rollout, rewards, KL, workers, async, dynamic sampling, replay, alerts, and each
-registered algorithm's own block (`rl.<name>`)."""
+"""The RL section: its blocks by role (rollout, learner, scoring, workers), KL, async, dynamic
+sampling, replay, alerts, and each registered algorithm's own block (`rl.<name>`)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
-from hindsight.learning.algorithms import ALGORITHMS, get_algorithm
-from hindsight.lookback.alerts import RULES
-from hindsight.config.base import RewardSpec, Strict
+from hindsight.config.base import Strict, raise_errors, with_blocks
 from hindsight.config.data import LoraConfig
-
-
-class RewardFnConfig(Strict):
-    fn: RewardSpec = Field(description="module:function, called as TRL does: fn(prompts=, completions=, "
-                                       "completion_ids=, **dataset columns, **args)")
-    weight: float = 1.0
-    args: dict[str, Any] = Field(default_factory=dict, description="the reward's own keyword arguments")
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
-                             description="key of its scores and metrics; default the function's name, "
-                                         "numbered when two rewards share it")
-
-
-class VLLMConfig(Strict):
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1,
-                                          description="share of the GPU vLLM may take; the learner needs the rest")
-    max_model_len: int = Field(2048, ge=16)
-    dtype: str = Field("auto", description="vLLM's dtype; auto follows the checkpoint")
+from hindsight.config.learner import LearnerConfig
+from hindsight.config.legacy import move_deprecated
+from hindsight.config.scoring import RewardFnConfig, ScoringConfig  # noqa: F401  (re-exported)
+from hindsight.learning.algorithms import ALGORITHMS, get_algorithm
+from hindsight.learning.strategies import STRATEGIES
+from hindsight.lookback.alerts import RULES
+from hindsight.rollout.engines import ENGINES, get_engine
 
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = Field("hf", description="hf: transformers generate; vllm: a resident vLLM "
-                                                             "engine (optional extra, CUDA GPU)")
-    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """How rollouts are sampled. Each registered engine's own settings sit under
+    `rl.rollout.<its name>` (for example `rl.rollout.vllm.gpu_memory_utilization`), validated
+    by the engine's own model (`hindsight.rollout.engines`)."""
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)  # `allow` only for those blocks
+
+    backend: str = Field("hf", description="a registered rollout engine: hf, hindsight's batched sampler on the "
+                                           "policy in this process (CPU or GPU); vllm, a resident vLLM engine "
+                                           "(optional extra, CUDA GPU)")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    groups_per_batch: int = Field(8, ge=1, description="hf: sample (and score) this many consecutive groups in one "
-                                                       "batch, one prefill per prompt. Batches are fixed by group "
-                                                       "index and dealt whole, so a group's samples never depend on "
-                                                       "the worker count; 1: each group alone")
+    groups_per_batch: int = Field(8, ge=1, description="an engine that batches groups (hf) samples (and scores) this "
+                                                       "many consecutive groups at once, one prefill per prompt. "
+                                                       "Batches are fixed by group index and dealt whole, so a "
+                                                       "group's samples never depend on the worker count; 1: each "
+                                                       "group alone")
     logprobs: Literal["forward", "decode"] = Field(
         "forward", description="hf: the behaviour log-probs from one forward after decoding (the same bits "
                                "whatever the worker's thread count), or read off the decoding logits (one "
                                "forward fewer; equal to ~1e-6, the same bits at one thread count)")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_blocks(cls, data, handler):
+        if not isinstance(data, dict):
+            return handler(data)
+        model, blocks, errors = with_blocks(cls, data, handler, ENGINES, lambda engine: engine.Settings)
+        raise_errors(cls, errors)
+        engine = ENGINES[model.backend]
+        if engine.Settings is not None:
+            blocks.setdefault(model.backend, engine.Settings())  # shown in MLflow params
+        model.__pydantic_extra__.update(blocks)
+        return model
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        get_engine(name)  # ValueError naming the registered ones
+        return name
+
+    def engine_settings(self, name: str | None = None):
+        """The block of an engine (default the chosen one), or None for an engine without settings."""
+        return self.__pydantic_extra__.get(name or self.backend)
 
 
 class KLConfig(Strict):
@@ -61,20 +78,11 @@ class RoleResources(Strict):
 
 
 class WorkersConfig(Strict):
+    """Where the roles run. The learner group's size and strategy are the learner's own
+    (`rl.learner.processes`, `rl.learner.strategy`)."""
     rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
                                               "count never changes what is sampled")
     scorer: int = Field(1, ge=1, description="scorers (reward functions, reference and reward model)")
-    learner: int = Field(1, ge=1, description="learner processes in one torch.distributed group for the stage "
-                                              "(this process and learner - 1 Ray actors); the batch stays global")
-    learner_strategy: Literal["ddp", "fsdp2"] = Field(
-        "ddp", description="ddp: every learner rank holds the whole policy, critic and Adam state; fsdp2: each "
-                           "holds 1/learner of them (FSDP2; gloo on a CPU, NCCL on GPUs), with resume state in "
-                           "torch.distributed.checkpoint shards")
-    learner_offload: bool = Field(False, description="fsdp2: keep parameters, gradients and Adam state on the CPU "
-                                                     "between uses (CPUOffloadPolicy); the step runs there")
-    publish_bucket_mb: float = Field(512.0, gt=0, description="new weights go this many MiB at a time: gathered "
-                                                              "from an fsdp2 learner's shards, and pushed into a "
-                                                              "vLLM engine")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
     placement_timeout_s: float = Field(60.0, gt=0, description="an actor the Ray cluster has not placed by then is "
                                                               "dropped (a line in the log); the run keeps the "
@@ -87,23 +95,14 @@ class WorkersConfig(Strict):
     ray_address: str | None = Field(None, description="join this Ray cluster (else $RAY_ADDRESS, else an "
                                                       "embedded local one)")
 
-
     def of(self, role: str) -> RoleResources:
         return self.resources.get(role) or RoleResources()
 
-    def needs(self) -> dict[str, float]:
+    def needs(self, learners: int = 1) -> dict[str, float]:
         """What the whole layout reserves on the cluster (learner rank 0 is the stage's process)."""
-        counts = {"rollout": self.rollout, "scorer": self.scorer, "learner": self.learner - 1}
+        counts = {"rollout": self.rollout, "scorer": self.scorer, "learner": learners - 1}
         return {"CPU": sum(n * self.of(r).num_cpus for r, n in counts.items()),
                 "GPU": sum(n * self.of(r).num_gpus for r, n in counts.items())}
-
-    @model_validator(mode="after")
-    def _ray_for_more_learners(self):
-        if self.learner > 1 and self.placement != "ray":
-            raise ValueError("learner > 1 runs its other ranks as Ray actors: set rl.workers.placement: ray")
-        if self.learner_offload and self.learner_strategy != "fsdp2":
-            raise ValueError("learner_offload moves a sharded learner's state to the CPU: set learner_strategy: fsdp2")
-        return self
 
 
 class AsyncConfig(Strict):
@@ -168,25 +167,6 @@ class RLConfig(Strict):
     steps: int = Field(40, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     samples_per_prompt: int = Field(8, ge=1, description="group size; grpo and rloo need at least 2")
-    lr: float = Field(1e-4, gt=0)
-    clip_eps_low: float = Field(0.2, ge=0)
-    clip_eps_high: float = Field(0.2, ge=0)
-    clip_ratio_c: float | None = Field(None, gt=1, description="dual-clip (verl): cap a negative advantage's loss at "
-                                                               "-A * clip_ratio_c; null turns it off")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
-    num_iterations: int = Field(1, ge=1, description="passes over the step's mini-batches (TRL's num_iterations, "
-                                                      "verl's ppo_epochs)")
-    mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step, whole groups (verl's "
-                                        "ppo_mini_batch_size; TRL's per_device_train_batch_size x "
-                                        "gradient_accumulation_steps); null: the whole step, one optimizer step")
-    micro_batch_tokens: int | None = Field(None, ge=1, description="padded tokens (rows x (prompt + completion)) per "
-                                           "forward and backward; gradients accumulate over a mini-batch's "
-                                           "micro-batches. Also bounds the behaviour, reference and critic forwards. "
-                                           "null: a mini-batch at once")
-    max_grad_norm: float = Field(1.0, gt=0)
-    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
-    disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "
-                                                    "before the first update (false keeps the checkpoint's dropout)")
     kl: KLConfig = Field(default_factory=KLConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train a LoRA adapter on the policy (peft); "
                              "the reference is the base with the adapter off")
@@ -195,15 +175,8 @@ class RLConfig(Strict):
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    rewards: list[RewardFnConfig] = Field(default_factory=lambda: [RewardFnConfig(fn="rewards.exact:exact_answer")])
-    reward_model_weight: float = Field(0.0, ge=0, description="weight of the learned reward; 0 skips it")
-    reward_fallback: float = Field(0.0, description="score given when a reward function fails")
-    reward_failure_stop: float = Field(1.0, gt=0, le=1, description="stop the run when one reward fails on at "
-                                       "least this share of a step's completions (1.0: on every one); each step "
-                                       "logs reward/failure_rate/<name>")
-    reward_timeout_s: float = Field(60.0, gt=0, description="per call; a reward that overruns gets the fallback")
-    reward_isolation: Literal["process", "inline"] = Field(
-        "process", description="process: rewards run in a killable worker process; inline: in the trainer")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     eval_every: int = Field(10, ge=1)
     save_every: int = Field(10, ge=1, description="checkpoint weights, optimizer and RNG every N steps (and at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="weight versions kept; the newest complete one is never deleted")
@@ -214,31 +187,15 @@ class RLConfig(Strict):
     @model_validator(mode="wrap")
     @classmethod
     def _blocks(cls, data, handler):
-        """Validate the algorithm blocks with their own models, and refuse any other unknown key,
-        keeping every error's location (rl.ppo.lam) for the message."""
+        """Move deprecated keys to their blocks, then validate the algorithm blocks with their own
+        models and refuse any other unknown key, keeping every error's location (rl.ppo.lam)."""
         if not isinstance(data, dict):
             return handler(data)
-        known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
-        errors, blocks = [], {}
-        for key, value in data.items():
-            if key in known:
-                continue
-            if key not in ALGORITHMS:
-                errors.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=value))
-                continue
-            try:
-                blocks[key] = ALGORITHMS[key].Settings.model_validate(value or {})
-            except ValidationError as exc:
-                errors += [_relocated(err, key) for err in exc.errors()]
-        try:
-            model = handler({k: v for k, v in data.items() if k in known})
-        except ValidationError as exc:
-            errors = [_relocated(err) for err in exc.errors()] + errors
-            model = None
+        data = move_deprecated(data)
+        model, blocks, errors = with_blocks(cls, data, handler, ALGORITHMS, lambda algorithm: algorithm.Settings)
         if model is not None:
             errors += _group_size_errors(model)
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
+        raise_errors(cls, errors)
         blocks.setdefault(model.algorithm, get_algorithm(model.algorithm).Settings())  # shown in MLflow params
         model.__pydantic_extra__.update(blocks)
         return model
@@ -251,7 +208,7 @@ class RLConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if not self.rewards and self.reward_model_weight == 0:
+        if not self.scoring.rewards and self.scoring.reward_model_weight == 0:
             raise ValueError("rl needs at least one reward function or reward_model_weight > 0")
         if self.async_.max_staleness:
             # a further dynamic-sampling round needs the step's scores before sampling again, and
@@ -261,16 +218,19 @@ class RLConfig(Strict):
                              (self.workers.rollout > 1, "workers.rollout > 1")):
                 if bad:
                     raise ValueError(f"async.max_staleness >= 1 runs one sampler process; it does not combine with {why}")
-        if self.mini_batch_size and self.mini_batch_size % self.samples_per_prompt:
-            raise ValueError(f"mini_batch_size {self.mini_batch_size} must hold whole groups: a multiple of "
+        mini = self.learner.mini_batch_size
+        if mini and mini % self.samples_per_prompt:
+            raise ValueError(f"learner.mini_batch_size {mini} must hold whole groups: a multiple of "
                              f"samples_per_prompt {self.samples_per_prompt}")
+        if self.learner.processes > 1 and self.workers.placement != "ray":
+            raise ValueError("learner.processes > 1 runs its other ranks as Ray actors: set rl.workers.placement: ray")
         if self.lora.enabled and (self.async_.max_staleness or self.workers.placement == "ray"):
             # the sampler process and the Ray actors load plain weights: LoRA there is not built
             raise ValueError("lora.enabled trains the adapter in the stage's process: it does not combine with "
                              "async.max_staleness >= 1 or workers.placement: ray yet")
-        if self.lora.enabled and self.workers.learner_strategy == "fsdp2":
-            raise ValueError("lora.enabled trains a replicated adapter: workers.learner_strategy: fsdp2 does not "
-                             "shard one yet (use ddp, or train the full model under fsdp2)")
+        if self.lora.enabled and not STRATEGIES[self.learner.strategy].trains_adapters:
+            raise ValueError(f"lora.enabled trains a replicated adapter: learner.strategy: {self.learner.strategy} "
+                             f"does not shard one yet (use ddp, or train the full model under {self.learner.strategy})")
         return self
 
     def algorithm_settings(self):
@@ -279,7 +239,7 @@ class RLConfig(Strict):
 
     def needs_reward_model(self) -> bool:
         """The reward model is read for the reward, or to start a critic from."""
-        return self.reward_model_weight > 0 or getattr(self.algorithm_settings(), "critic_init", None) == "reward_model"
+        return self.scoring.reward_model_weight > 0 or getattr(self.algorithm_settings(), "critic_init", None) == "reward_model"
 
 
 def _group_size_errors(rl: RLConfig) -> list[InitErrorDetails]:
@@ -290,6 +250,3 @@ def _group_size_errors(rl: RLConfig) -> list[InitErrorDetails]:
     return [InitErrorDetails(type="value_error", loc=("samples_per_prompt",), input=size,
                              ctx={"error": ValueError(f"{why} (got {size})")})]
 
-
-def _relocated(err: dict, *prefix) -> InitErrorDetails:
-    return InitErrorDetails(type=err["type"], loc=(*prefix, *err["loc"]), input=err.get("input"), ctx=err.get("ctx", {}))

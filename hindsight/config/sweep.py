@@ -17,6 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from hindsight.config import PipelineConfig, Strict, load_config
+from hindsight.config.legacy import current_path
 from hindsight.config.yamlfile import describe_errors, read_yaml_mapping
 from hindsight.errors import ConfigError
 
@@ -94,6 +95,7 @@ def trial_config(sweep: SweepConfig, base: PipelineConfig, index: int, params: d
     raw = copy.deepcopy(base.model_dump(mode="json", by_alias=True))
     raw["run_dir"] = str(Path(base.root).parent / sweep.name / trial_id(index))
     for key, value in params.items():
+        key = current_path(key)  # a deprecated spelling, said once
         node = raw
         for part in key.split(".")[:-1]:
             if not isinstance(node.get(part), dict):

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from hindsight.config.legacy import as_written, current_path
 from hindsight.errors import ConfigError
 
 
@@ -52,7 +53,7 @@ def apply_override(raw: dict, assignment: str) -> None:
     if not sep or not key:
         raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
     node = raw
-    parts = key.split(".")
+    parts = current_path(key).split(".")
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
@@ -98,16 +99,18 @@ def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] =
 def describe_errors(exc: ValidationError, path: Path, text: str) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"])
-        line = _key_line(text, err["loc"])
+        loc = as_written(err["loc"], lambda path: _key_line(text, path, exact=True) is not None)
+        field = ".".join(str(p) for p in loc)
+        line = _key_line(text, loc)
         where = f"{path}:{line}" if line else str(path)
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         lines.append(f"{where}: {field or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 
-def _key_line(text: str, loc: tuple) -> int | None:
-    """Line of the deepest YAML key on `loc` that exists in the file (None if none)."""
+def _key_line(text: str, loc: tuple, exact: bool = False) -> int | None:
+    """Line of the deepest YAML key on `loc` that exists in the file (None if none); `exact`: of
+    the key `loc` itself, None when the file does not hold it."""
     try:
         node = yaml.compose(text)
     except yaml.YAMLError:
@@ -124,4 +127,6 @@ def _key_line(text: str, loc: tuple) -> int | None:
             line = node.start_mark.line + 1
         else:
             break
-    return line
+    else:
+        return line
+    return None if exact else line

@@ -13,17 +13,18 @@ import logging
 import os
 import sys
 import time
-import uuid
 from functools import partial
 from pathlib import Path
 
 from hindsight.errors import ConfigError
 from hindsight.state.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
+from hindsight.state.rundir import RLDir
 from hindsight.coordination.roles import deal
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.scoring.rewards import add_failures
 from hindsight.scoring.scorer import Scorer, score_batch
+from hindsight.transport.ray import RaySender
 
 log = logging.getLogger("hindsight.workers")
 
@@ -56,9 +57,6 @@ def start_ray(address: str | None, needs: dict[str, float] | None = None, wait_s
     return ray
 
 
-SCALE_RESULT = "scale-result.json"  # what the run made of the latest `hindsight scale` request
-
-
 def _free(ray) -> dict[str, float]:
     free = ray.available_resources()
     return {k: float(free.get(k, 0.0)) for k in ("CPU", "GPU")}
@@ -74,33 +72,6 @@ def loopback_only() -> None:
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:  # ray imported already: the constant was read at import
         constants.ENABLE_RAY_CLUSTER = False
-
-
-def request_scale(run_dir: str | Path, rollout: int) -> Path:
-    """`hindsight scale`: ask a running RL stage for `rollout` workers from its next step on."""
-    rl_dir = Path(run_dir) / "rl" if (Path(run_dir) / "rl").is_dir() else Path(run_dir)
-    if not (rl_dir / "config.json").exists():
-        raise ConfigError(f"{run_dir}: not an RL run directory (no rl/config.json)")
-    if rollout < 1:
-        raise ConfigError(f"--rollout {rollout}: a run needs at least 1 rollout worker")
-    path = rl_dir / "scale.json"
-    atomic_write_json(path, {"rollout": rollout, "id": uuid.uuid4().hex})  # each request answered once
-    return path
-
-
-def scale_outcome(request: Path, wait_s: float) -> str | None:
-    """What the run made of the request: a line when it was applied, a `ConfigError` when it was
-    refused (the resources it needs against what is free), None when not handled within `wait_s`."""
-    wanted, deadline = read_json(request), time.monotonic() + wait_s
-    while True:
-        result = read_json(request.parent / SCALE_RESULT, default=None) or {}
-        if result.get("request") == wanted:
-            if "refused" in result:
-                raise ConfigError(f"hindsight scale: refused at step {result['step']}: {result['refused']}")
-            return f"rollout workers scaled from {result['scaled'][0]} to {result['scaled'][1]} at step {result['step']}"
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.2)
 
 
 def actor_env(workers) -> dict[str, str]:
@@ -132,7 +103,7 @@ class _Pool:
         ttl_s, res = workers.lease_ttl_s, workers.of(self.role)
         self.actor_cls = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                          runtime_env={"env_vars": actor_env(workers)})(actor_cls)
-        self.dir, self.ttl, self.args = Path(rl_dir), ttl_s, args
+        self.paths, self.ttl, self.args = RLDir(rl_dir), ttl_s, args
         self.placement_s, self.each = workers.placement_timeout_s, res
         self.ledger = Ledger(rl_dir)
         self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
@@ -168,7 +139,7 @@ class _Pool:
         event = {"time": time.time(), "step": step, "role": self.role, "worker": actor_id,
                  "host": self.hosts.pop(actor_id, "?"), "why": why, "written": written, "reassigned": back,
                  "replacement": new_id}
-        append_line(self.dir / "workers.jsonl", json.dumps(event))
+        append_line(self.paths.workers_log, json.dumps(event))
         log.warning("%s %s on %s %s at step %d: kept groups %s, reassigning %s; started %s",
                     self.role, actor_id, event["host"], why, step, written, back, new_id)
 
@@ -201,14 +172,17 @@ class _Pool:
 class RayRolloutPool(_Pool):
     role = "rollout"
 
-    def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str):
-        self.version, self.weights, self.rl = 0, None, rl
-        super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path))
+    def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str,
+                 version: int):
+        self.version, self.rl, self.sender = version, rl, None
+        super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path,
+                                                              version))
+        self.sender = RaySender(self.ray, self.actors)
 
     def _spawn(self) -> str:
         actor_id = super()._spawn()
-        if self.weights is not None:  # a restarted or added worker serves nothing before it syncs
-            self.ray.get(self.actors[actor_id].load_weights.remote(self.version, self.weights))
+        if actor_id is not None and self.sender is not None:  # a restarted or added worker syncs before it serves
+            self.sender.sync(self.actors[actor_id])
         return actor_id
 
     def resize(self, step: int) -> None:
@@ -216,9 +190,9 @@ class RayRolloutPool(_Pool):
         syncs the current weights before its first lease; a removed one finished its last lease. A
         request the cluster cannot place is refused, with what it needs against what is free
         (`rl/scale-result.json`, read by `hindsight scale`), and the run keeps its workers."""
-        request = read_json(self.dir / "scale.json", default=None) or {}
+        request = read_json(self.paths.scale_request, default=None) or {}
         want = request.get("rollout")
-        if not want or want == len(self.actors) or request == (read_json(self.dir / SCALE_RESULT) or {}).get("request"):
+        if not want or want == len(self.actors) or request == (read_json(self.paths.scale_result) or {}).get("request"):
             return
         before = list(self.actors)
         need = {"CPU": (want - len(before)) * self.each.num_cpus, "GPU": (want - len(before)) * self.each.num_gpus}
@@ -228,7 +202,7 @@ class RayRolloutPool(_Pool):
             why = (f"--rollout {want} needs {', '.join(f'{v:g} more {k}s' for k, v in short.items())} "
                    f"({self.each.num_cpus:g} CPU, {self.each.num_gpus:g} GPU each), but the Ray cluster has "
                    f"{', '.join(f'{free.get(k, 0.0):g} {k}s' for k in short)} free; kept {len(before)} workers")
-            atomic_write_json(self.dir / SCALE_RESULT, {"request": request, "refused": why, "step": step})
+            atomic_write_json(self.paths.scale_result, {"request": request, "refused": why, "step": step})
             log.warning("hindsight scale refused at step %d: %s", step, why)
             return
         while len(self.actors) < want and self._spawn() is not None:
@@ -237,15 +211,15 @@ class RayRolloutPool(_Pool):
             self.ray.kill(self.actors.pop(actor_id))
         event = {"time": time.time(), "step": step, "role": self.role, "scaled": [len(before), len(self.actors)],
                  "workers": list(self.actors)}
-        append_line(self.dir / "workers.jsonl", json.dumps(event))
-        atomic_write_json(self.dir / SCALE_RESULT, {"request": request, "scaled": [len(before), len(self.actors)],
+        append_line(self.paths.workers_log, json.dumps(event))
+        atomic_write_json(self.paths.scale_result, {"request": request, "scaled": [len(before), len(self.actors)],
                                                     "step": step})
         log.warning("rollout workers scaled from %d to %d at step %d", len(before), len(self.actors), step)
 
-    def publish(self, version: int, state_dict) -> None:
-        """A new weights version for every actor, through Ray's object store (put once)."""
-        self.version, self.weights = version, self.ray.put(state_dict)
-        self.ray.get([a.load_weights.remote(version, self.weights) for a in self.actors.values()])
+    def publish(self, version: int, model) -> dict[str, float]:
+        """A new weights version for every actor, through Ray's object store (`transport.ray`)."""
+        self.version = version
+        return self.sender.publish(version, model)
 
     def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:
         """Lease every task's group until all are sealed; returns the role's worker metrics."""
@@ -315,11 +289,13 @@ class ScorerActor:
 class RolloutActor:
     """A rollout worker in its own process, built there from files (a model is never pickled)."""
 
-    def __init__(self, worker_id: str, policy_path: str, dtype: str, rl, seed: int, store_root: str, init_path: str):
+    def __init__(self, worker_id: str, policy_path: str, dtype: str, rl, seed: int, store_root: str, init_path: str,
+                 version: int):
         self.worker = RolloutWorker.from_paths(worker_id, policy_path, dtype, rl, seed, store_root, init_path)
+        self.worker.start_at(version)
 
-    def load_weights(self, version: int, state_dict) -> None:
-        self.worker.load_weights(version, state_dict)
+    def receive(self, payload):
+        return self.worker.receive(payload)
 
     def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
         return self.worker.generate(tasks, version)

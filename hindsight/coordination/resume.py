@@ -11,42 +11,42 @@ from pathlib import Path
 from hindsight.state.fingerprint import Changes, check_resume, compare
 from hindsight.state.fsutil import append_line, atomic_write_json, read_json
 from hindsight.lookback.history import read_rows
+from hindsight.state.rundir import RLDir
 
 log = logging.getLogger("hindsight.coordination.resume")
 
 
-def prepare_resume(rl_dir: Path, fingerprint: dict, start: int, steps: int) -> Changes:
+def prepare_resume(paths: RLDir, fingerprint: dict, start: int, steps: int) -> Changes:
     """Compare the config's fingerprint with the stored one, before anything is loaded or sampled.
     Refuses sampling and algorithm changes; a scoring change moves the score shards of the steps
     still to train aside (they are scored again); a training change is logged. Then the config's
     fingerprint is what is stored: it is on disk before the run's first shard."""
-    path = rl_dir / "fingerprint.json"
-    stored = read_json(path, default=None)
+    stored = read_json(paths.fingerprint, default=None)
     changes = compare(stored, fingerprint) if stored else Changes()
-    check_resume(changes, rl_dir, start, steps)
+    check_resume(changes, paths.path, start, steps)
     if changes.keys("scoring"):
-        moved = _set_scores_aside(rl_dir, start)
+        moved = _set_scores_aside(paths, start)
         log.warning("rl: scoring settings changed (%s): %d stored score shard(s) from step %d on moved to %s and "
-                    "scored again", changes.describe("scoring"), moved, start, rl_dir / "rescored")
+                    "scored again", changes.describe("scoring"), moved, start, paths.rescored)
     if changes.by_section:
-        append_line(rl_dir / "resume-changes.jsonl", json.dumps(
+        append_line(paths.resume_changes, json.dumps(
             {"step": start, "time": time.time(), "changes": {s: {k: list(v) for k, v in d.items()}
                                                              for s, d in changes.by_section.items()}}, default=str))
     if changes.by_section or stored is None:
-        atomic_write_json(path, fingerprint)
+        atomic_write_json(paths.fingerprint, fingerprint)
     return changes
 
 
-def _set_scores_aside(rl_dir: Path, start: int) -> int:
+def _set_scores_aside(paths: RLDir, start: int) -> int:
     """Score shards and parts of steps >= start go under rl/rescored/<time>/ (kept, never deleted)."""
-    target = rl_dir / "rescored" / time.strftime("%Y%m%d-%H%M%S")
+    target = paths.rescored / time.strftime("%Y%m%d-%H%M%S")
     moved = 0
-    for shard in sorted((rl_dir / "scores").glob("step-*.parquet")):
+    for shard in sorted(paths.scores.glob("step-*.parquet")):
         if int(shard.stem.split("-")[1]) >= start:
             (target / "scores").mkdir(parents=True, exist_ok=True)
             os.replace(shard, target / "scores" / shard.name)
             moved += 1
-    parts = rl_dir / "parts" / "scores"
+    parts = paths.score_parts
     if parts.exists():
         target.mkdir(parents=True, exist_ok=True)
         os.replace(parts, target / "parts")
@@ -66,7 +66,7 @@ def archive_run_dir(run_dir: Path) -> Path | None:
 
 def lr_multiplier(alerts_file: Path, up_to_step: int) -> float:
     """The product of the `lower_lr` factors fired up to a step, from the alert log: each factor
-    stays its own record, so a resume can apply a new rl.lr and still honour them."""
+    stays its own record, so a resume can apply a new rl.learner.lr and still honour them."""
     out = 1.0
     for alert in read_rows(alerts_file, up_to_step):
         if alert.get("action") == "lower_lr":

@@ -22,6 +22,8 @@ from hindsight.coordination.sampler import AsyncSampler, SamplerSpec, split_thre
 from hindsight.errors import CheckpointError
 from hindsight.faults import crash_point
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
+from hindsight.state.rundir import RunDir
+from hindsight.transport.inprocess import InProcessSender
 
 
 class Rollouts:
@@ -29,7 +31,7 @@ class Rollouts:
         self.cfg, self.rl, self.store, self.ledger, self.prompts = cfg, cfg.rl, store, ledger, prompts
         self.policy_path, self.init_path, self.version = policy_path, init_path, version
         self.workers: list[RolloutWorker] = []
-        self.pool = self.sampler = self.scorers = None
+        self.pool = self.sampler = self.scorers = self.sender = None
         self.pool_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._rolled, self._ahead, self._threads_before = {}, {}, None
         if self.rl.async_.max_staleness:  # the sampler process samples, with weights of its own
@@ -37,14 +39,15 @@ class Rollouts:
         if self.rl.workers.placement == "ray":
             from hindsight.coordination.placement import RayRolloutPool
 
-            self.pool = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, cfg.model.dtype, cfg.seed,
-                                       cfg.root / "rl", init_path)
-            self.pool.publish(version, policy.state_dict())
+            # the actors build their copies from the folder the learner started from: version `version`
+            self.pool = self.sender = RayRolloutPool(self.rl.workers.rollout, self.rl, policy_path, cfg.model.dtype,
+                                                     cfg.seed, RunDir.of(cfg).rl.path, init_path, version)
             return
         self.workers = [RolloutWorker(f"local-{i}", policy, tok, self.rl, cfg.seed, store, init_path)
                         for i in range(self.rl.workers.rollout)]
         for worker in self.workers:
-            worker.load_weights(version)
+            worker.start_at(version)
+        self.sender = InProcessSender(self.workers)
 
     def start(self, scorers, rm_path: str | None) -> None:
         """Join the scorers (dynamic sampling scores as it samples); start the async sampler."""
@@ -56,10 +59,10 @@ class Rollouts:
             sampler_threads, learner_threads = split_threads(os.cpu_count() or 1)
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(learner_threads)
-        rm = rm_path if rm_path and self.rl.reward_model_weight > 0 else None
+        rm = rm_path if rm_path and self.rl.scoring.reward_model_weight > 0 else None
         spec = SamplerSpec(self.rl, self.policy_path, self.cfg.model.dtype, self.cfg.seed, str(self.store.root),
                            self.init_path, self.version, sampler_threads, rm)
-        self.sampler = AsyncSampler(spec, self.cfg.root / "rl" / "sampler.log")
+        self.sampler = self.sender = AsyncSampler(spec, RunDir.of(self.cfg).rl.sampler_log)
         self._feed()
 
     def take_ahead(self, step: int) -> tuple[Path, dict] | None:
@@ -134,18 +137,14 @@ class Rollouts:
         return len(kept)
 
     # --- a new weights version ------------------------------------------------------------
-    def publish(self, policy) -> None:
-        """A new weights version: in-process workers share the policy object (a new one after a
-        launched update), so only its version and their engines need the news."""
+    def publish(self, policy) -> dict[str, float]:
+        """A new weights version, through the placement's transport (`hindsight.transport`): shared
+        in process, Ray's object store for the pool, the pipe to the async sampler."""
         self.version += 1
-        for worker in self.workers:
-            worker.policy = policy
-            worker.load_weights(self.version)
-        if self.pool is not None:
-            self.pool.publish(self.version, policy.state_dict())
+        sent = self.sender.publish(self.version, policy)
         if self.sampler is not None:
-            self.sampler.publish(self.version, policy.state_dict())
-            self._feed()
+            self._feed()  # the steps this version makes due
+        return sent
 
     # --- asynchronous sampling ------------------------------------------------------------
     def _feed(self) -> None:

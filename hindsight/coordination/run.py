@@ -10,16 +10,14 @@ before the crash instead of sampling them again.
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 
 from hindsight.coordination.prompts import PromptSource
 from hindsight.coordination.replay import signal_groups
 from hindsight.coordination.resume import lr_multiplier, prepare_resume
-from hindsight.coordination.roles import start_learner_group
+from hindsight.coordination.learner_group import start_learner_group
 from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.config import PipelineConfig
@@ -33,34 +31,37 @@ from hindsight.lookback.history import MetricsLog, truncate_rows_after
 from hindsight.lookback.metrics import peak_memory, rollout_metrics
 from hindsight.models.load import load_tokenizer
 from hindsight.rollout.decoding import decoding_record
+from hindsight.rollout.engines import ENGINES
 from hindsight.scoring.rewards import check_reward, reward_source_hash
 from hindsight.state.checkpoint import CheckpointManager, checkpoint_due
 from hindsight.state.fingerprint import run_fingerprint
 from hindsight.state.fsutil import append_line, atomic_write_json
 from hindsight.state.ledger import Ledger
+from hindsight.state.rundir import RunDir
 from hindsight.state.store import RolloutStore
 
 
 class RLRun:
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
-        self.dir = cfg.root / "rl"
+        self.paths = RunDir.of(cfg).rl
+        self.dir = self.paths.path
         self.init_path = init_path
         self.store = RolloutStore(self.dir)
-        self.ckpt = CheckpointManager(self.dir / "checkpoints", keep_last=self.rl.keep_checkpoints)
+        self.ckpt = CheckpointManager(self.paths.checkpoints, keep_last=self.rl.keep_checkpoints)
         rows = load_rows(**cfg.data.reading("prompts"))
         self.tok = load_tokenizer(init_path)
-        for call in self.rl.rewards:
+        for call in self.rl.scoring.rewards:
             check_reward(call.fn, call.args)  # an unimportable reward, or one that cannot run here, fails now
         start = self.ckpt.intact_step()  # a corrupt newest version falls back to the newest intact one
         self.start_step = start or 0
-        self.fingerprint = run_fingerprint(cfg, init_path, rm_path, reward_source_hash)
-        self.resume_changes = prepare_resume(self.dir, self.fingerprint, self.start_step, self.rl.steps)
-        atomic_write_json(self.dir / "config.json", self.rl.model_dump(mode="json", by_alias=True))
+        self.fingerprint = run_fingerprint(cfg, init_path, rm_path, reward_source_hash, ENGINES)
+        self.resume_changes = prepare_resume(self.paths, self.fingerprint, self.start_step, self.rl.steps)
+        atomic_write_json(self.paths.config, self.rl.model_dump(mode="json", by_alias=True))
 
         pad_id = self.tok.pad_token_id
         self.learner = Learner(cfg, init_path, rm_path, self.ckpt, start, pad_id,
-                               start_group=partial(start_learner_group, cfg, pad_id))
+                               start_group=start_learner_group(cfg, pad_id, init_path, bool(start)))
         try:
             self._start_roles(start, rows, pad_id, rm_path)
         except BaseException:  # what did start (the learner group, Ray pools) stops with the failure
@@ -68,9 +69,9 @@ class RLRun:
             raise
 
         self._regenerated: dict[int, int] = {}  # corrupt shards generated again, per step
-        self.history = MetricsLog(self.dir / "metrics.jsonl")
+        self.history = MetricsLog(self.paths.metrics)
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
-        truncate_rows_after(self.dir / "alerts.jsonl", self.start_step)  # and their alerts fire again
+        truncate_rows_after(self.paths.alerts, self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
         self.updating = False  # a step's update or follow-up has begun: a failure now is not retried in place
         self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
@@ -80,17 +81,16 @@ class RLRun:
     def _start_roles(self, start: int | None, rows: list[dict], pad_id: int, rm_path: str | None) -> None:
         """The roles around the learner: rollouts, scorers, and the state they share."""
         cfg, init_path = self.cfg, self.init_path
-        self.lr_multiplier = lr_multiplier(self.dir / "alerts.jsonl", start) if start else 1.0  # `lower_lr` alerts
-        self._set_lr()  # the configured rl.lr applies on resume, not the rate stored in the optimizer
+        self.lr_multiplier = lr_multiplier(self.paths.alerts, start) if start else 1.0  # `lower_lr` alerts
+        self._set_lr()  # the configured rl.learner.lr applies on resume, not the rate stored in the optimizer
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.prompts = PromptSource(self.rl, cfg.seed, rows, self.store)
         self.rollouts = Rollouts(cfg, self.learner.serving, self.learner.policy_path, init_path, self.tok, self.store,
                                  self.ledger, self.prompts, version=self.start_step)
-        os.environ["HINDSIGHT_RUN_DIR"] = str(self.dir)  # where rewards keep what they cache (rewards.judge)
         self.scorers = Scorers(cfg, init_path, rm_path, self.learner.serving, pad_id, self.store, self.dir)
         self.decoding = decoding_record(self.tok, self.learner.serving, cfg.eval, self.rl.rollout)
-        atomic_write_json(self.dir / "decoding.json", self.decoding)
+        atomic_write_json(self.paths.decoding, self.decoding)
         self.rollouts.start(self.scorers, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
 
     def _close_started(self) -> None:
@@ -165,7 +165,7 @@ class RLRun:
                 metrics.update(self.learner.train(exp, [r["group"] for r in train_rows]))
             except NonFiniteError as exc:
                 raise NonFiniteError(f"step {step}: {exc}, and the run stopped: nothing of this step is saved or "
-                                     f"registered. {self.newest_checkpoint()}; lower rl.lr (or fix what made the loss "
+                                     f"registered. {self.newest_checkpoint()}; lower rl.learner.lr (or fix what made the loss "
                                      f"non-finite), then rerun the same command to resume from it") from None
             self.rollouts.publish(self.learner.serving)
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
@@ -219,17 +219,17 @@ class RLRun:
         self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint})
 
     def _set_lr(self) -> None:
-        self.learner.set_lr(self.rl.lr * self.lr_multiplier)
+        self.learner.set_lr(self.rl.learner.lr * self.lr_multiplier)
 
     # --- look back ----------------------------------------------------------------------
     def observe(self, done: int, metrics: dict) -> list[Alert]:
         """Record step `done`'s metrics on disk and run the alert rules; applies `lower_lr` here
-        (as a multiplier of rl.lr saved with each checkpoint, so it survives a resume that
-        changes rl.lr)."""
+        (as a multiplier of rl.learner.lr saved with each checkpoint, so it survives a resume that
+        changes rl.learner.lr)."""
         self.history.append(done, metrics)
         fired = self.monitor.observe(done, metrics)
         for alert in fired:
-            append_line(self.dir / "alerts.jsonl", json.dumps(alert.to_dict()))
+            append_line(self.paths.alerts, json.dumps(alert.to_dict()))
             if alert.action == "lower_lr":
                 self.lr_multiplier *= alert.factor
                 self._set_lr()

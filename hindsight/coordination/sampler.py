@@ -9,13 +9,13 @@ deterministic as a synchronous one, and the store holds the k steps ahead of the
 which a resume trains on instead of sampling them again.
 
 The child process owns a policy copy, the scorer's models and the store's part files; the
-coordinator keeps the ledger. They talk over two pipes: JSON headers, and weights as safetensors bytes (no
-pickle). If the coordinator dies (SIGKILL included), the kernel kills the child
+coordinator keeps the ledger. They talk over two pipes: JSON headers, and weights as safetensors
+bytes through the pipe transport (`transport.pipe`: no pickle, a checksum the child checks, an
+ack back on the result pipe). If the coordinator dies (SIGKILL included), the kernel kills the child
 (PR_SET_PDEATHSIG), and a part it was writing is either whole or absent.
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hindsight.errors import StageError
 from hindsight.rollout.worker import GroupTask
+from hindsight.transport.pipe import PipeSender, recv, send
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class AsyncSampler:
         threading.Thread(target=self._read, daemon=True, name="hindsight-sampler-results").start()
         self.submitted: dict[int, list[int]] = {}  # step -> groups asked for
         self.finished: dict[int, list[int]] = {}
+        self.acked: int | None = None
+        self.weights = PipeSender(self._cmd)
         send(self._cmd, {"kind": "start", "spec": spec.to_json()})
 
     def _read(self) -> None:
@@ -88,11 +91,8 @@ class AsyncSampler:
             while (msg := recv(fh)) is not None:
                 self.results.put(msg[0])
 
-    def publish(self, version: int, state_dict) -> None:
-        from safetensors.torch import save
-
-        payload = save({k: v.detach().cpu().clone() for k, v in state_dict.items()})  # clone: tied weights share memory
-        send(self._cmd, {"kind": "weights", "version": version}, payload)
+    def publish(self, version: int, model) -> dict[str, float]:
+        return self.weights.publish(version, model)
 
     def submit(self, step: int, tasks: list[GroupTask], version: int) -> None:
         self.submitted[step] = [t.group for t in tasks if t.write]
@@ -113,6 +113,11 @@ class AsyncSampler:
                 continue
             if msg["kind"] == "error":
                 raise StageError(f"rl.async: the sampler failed on step {msg['step']}: {msg['error']}")
+            if msg["kind"] == "ack":
+                if not msg["ok"]:
+                    raise StageError(f"rl.async: the sampler refused weights version {msg['version']}: {msg['why']}")
+                self.acked = msg["version"]
+                continue
             self.finished[msg["step"]] = msg
         return self.finished.pop(step)
 
@@ -124,20 +129,6 @@ class AsyncSampler:
         except (OSError, ValueError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
-
-
-def send(fh, header: dict, payload: bytes = b"") -> None:
-    """One message: a JSON header line with the payload's size, then the payload (safetensors)."""
-    fh.write(json.dumps({**header, "nbytes": len(payload)}).encode() + b"\n" + payload)
-    fh.flush()
-
-
-def recv(fh) -> tuple[dict, bytes] | None:
-    line = fh.readline()
-    if not line:
-        return None  # the other end closed: the coordinator ended, or the sampler did
-    header = json.loads(line)
-    return header, fh.read(header["nbytes"]) if header["nbytes"] else b""
 
 
 def _die_with_parent() -> None:
@@ -155,10 +146,10 @@ def serve(cmd_fd: int, res_fd: int) -> None:
     """The sampler process: build the worker, then take weights and steps in order."""
     _die_with_parent()
     import torch
-    from safetensors.torch import load
 
     from hindsight.rollout.worker import RolloutWorker
     from hindsight.scoring.scorer import Scorer
+    from hindsight.transport.payload import CorruptWeights, from_bytes
 
     inbox: queue.Queue = queue.Queue()
 
@@ -181,11 +172,16 @@ def serve(cmd_fd: int, res_fd: int) -> None:
                 torch.set_num_threads(spec.threads)
                 worker = RolloutWorker.from_paths("sampler", spec.policy_path, spec.dtype, spec.rl, spec.seed,
                                                   spec.store_root, spec.init_path)
-                worker.load_weights(spec.version)
+                worker.start_at(spec.version)
                 scorer = Scorer.from_paths("sampler-scorer", spec.rl, spec.init_path, spec.rm_path, spec.dtype,
                                            spec.store_root)
             elif header["kind"] == "weights":
-                worker.load_weights(header["version"], load(payload))
+                try:
+                    ack = worker.receive(from_bytes(header, payload))
+                    ack = {"version": ack.version, "ok": ack.ok, "why": ack.why}
+                except CorruptWeights as exc:  # not even readable: refused like a bad checksum
+                    ack = {"version": header.get("version"), "ok": False, "why": str(exc)}
+                send(results, {"kind": "ack", **ack})
             else:
                 step = header["step"]
                 try:

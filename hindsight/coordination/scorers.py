@@ -1,7 +1,7 @@
 """The scoring role as the RL run holds it: scorers in this process sharing the stage's models
 (the reference, the reward model and the guarded reward process), or a Ray pool of scorer
 actors; and the count of each reward's failures per step, until the step's metrics take them: a
-reward that fails on (nearly) every completion stops the run (`rl.reward_failure_stop`)."""
+reward that fails on (nearly) every completion stops the run (`rl.scoring.failure_stop`)."""
 from __future__ import annotations
 
 from functools import partial
@@ -29,8 +29,8 @@ class Scorers:
             return
         if rl.kl.coef > 0:  # with LoRA, the base under the policy's adapter: no second copy
             self.ref = AdapterDisabled(policy) if rl.lora.enabled else load_causal_lm(init_path, cfg.model.dtype).eval()
-        self.rm = load_reward_model(rm_path).eval() if rm_path and rl.reward_model_weight > 0 else None
-        self.reward_worker = RewardWorker() if rl.reward_isolation == "process" else None
+        self.rm = load_reward_model(rm_path).eval() if rm_path and rl.scoring.reward_model_weight > 0 else None
+        self.reward_worker = RewardWorker() if rl.scoring.isolation == "process" else None
         self.local = [Scorer(f"local-scorer-{i}", rl, pad_id, self.ref, self.rm, self.reward_worker, store)
                       for i in range(rl.workers.scorer)]
 
@@ -55,12 +55,12 @@ class Scorers:
 
     def step_metrics(self, step: int) -> dict:
         """The step's reward failures and failure rates, and (in this process) the seconds spent
-        in rewards and models. Raises when a reward failed on rl.reward_failure_stop of them."""
+        in rewards and models. Raises when a reward failed on rl.scoring.failure_stop of them."""
         failures, scored = self._failures.pop(step, {}), self._scored.pop(step, 0)
         metrics = {f"reward/failures/{k}": float(n) for k, (n, _) in failures.items()}
         if scored:
             metrics.update({f"reward/failure_rate/{k}": n / scored for k, (n, _) in failures.items()})
-        broken = failed_reward(failures, scored, self.rl.reward_failure_stop)
+        broken = failed_reward(failures, scored, self.rl.scoring.failure_stop)
         if broken:
             raise RewardError(f"step {step}: {broken}; nothing is registered. Fix the reward or the columns it "
                               f"reads (data.columns, per file), then rerun the same command")
@@ -84,5 +84,5 @@ def failed_reward(failures: dict[str, list], scored: int, share: float) -> str |
     its first failure; None when every reward mostly works."""
     for name, (n, error) in failures.items():
         if scored and n >= share * scored:
-            return f"reward {name} failed on {n} of {scored} completions (rl.reward_failure_stop {share:g}): {error}"
+            return f"reward {name} failed on {n} of {scored} completions (rl.scoring.failure_stop {share:g}): {error}"
     return None

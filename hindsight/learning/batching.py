@@ -2,7 +2,7 @@
 
 A step's rows are split into mini-batches of whole groups (one optimizer step each), and each
 mini-batch into micro-batches of whole sequences whose padded size stays within
-`rl.micro_batch_tokens` (`experience.micro_batches`, which the no-grad forwards use too);
+`rl.learner.micro_batch_tokens` (`experience.micro_batches`, which the no-grad forwards use too);
 gradients accumulate over a mini-batch's micro-batches. Every loss is divided by the whole
 mini-batch's denominators (`Totals`), so the micro-batches' losses add up to the mini-batch's
 loss exactly, whatever the budget. In the learner group each rank takes its groups of each

@@ -75,10 +75,10 @@ def main(args_file: str) -> None:
     spec = json.loads(Path(args_file).read_text())
     workdir = Path(spec["workdir"])
     kwargs = spec["kwargs"]
-    if kwargs.get("lora"):
-        from hindsight.config import LoraConfig
+    if kwargs.get("lora"):  # the LoraConfig's fields, as the trainers read them (validated before the launch)
+        from types import SimpleNamespace
 
-        kwargs["lora"] = LoraConfig.model_validate(kwargs["lora"])
+        kwargs["lora"] = SimpleNamespace(**kwargs["lora"])
 
     def log(metrics: dict, step: int) -> None:
         if is_main_process():

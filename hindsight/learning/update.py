@@ -51,13 +51,14 @@ class LearnerSettings:
 def learner_settings(rl) -> LearnerSettings:
     """The learner's view of a validated `RLConfig`; the one place settings are built.
 
-    Fields named like the config's are taken from it by name; only the derived ones are spelt
-    out, so a new config field cannot be copied into the wrong slot.
+    Fields named like `rl.learner`'s are taken from it by name; only the derived ones are spelt
+    out, so a new learner knob cannot be copied into the wrong slot.
     """
     in_loss = rl.kl.placement == "loss"
-    loss = _by_name(LossSettings, rl, kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
+    loss = _by_name(LossSettings, rl.learner, kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
                     max_len=rl.rollout.max_new_tokens)
-    return _by_name(LearnerSettings, rl, params=rl.algorithm_settings(), temperature=rl.rollout.temperature,
+    return _by_name(LearnerSettings, rl.learner, algorithm=rl.algorithm, params=rl.algorithm_settings(),
+                    temperature=rl.rollout.temperature,
                     loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef,
                     is_correction=rl.async_.is_correction, is_cap=rl.async_.is_cap)
 
@@ -80,23 +81,18 @@ def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor
     return s.estimator.advantages(x, s.algorithm_settings)
 
 
-@dataclass(frozen=True, kw_only=True)
 class Share:
-    """This process's part of the learner group (rank 0 of 1 alone). Every rank holds the whole
-    batch and trains on its groups of each mini-batch; its losses are divided by the whole
-    mini-batch's totals, so the sum of the ranks' gradients is the one-process gradient exactly.
-
-    Replicated ranks (`ddp`) sum them in `sync`, one flattened all-reduce, made explicit rather
-    than DDP's so that the critic, read past the model's forward, syncs the same way. Sharded
-    ranks (`fsdp2`) have them reduce-scattered by FSDP, which averages: `grad_scale` undoes that.
-    A sharded forward is a collective, so ranks also run the same number of micro-batches (`most`)."""
+    """This process's part of the learner group: here one process alone. A learner strategy
+    (`learning.strategies`) is a `Share` of its own ranks. Every rank holds the whole batch and
+    trains on its groups of each mini-batch; its losses are divided by the whole mini-batch's
+    totals, so the sum of the ranks' gradients is the one-process gradient exactly. What the
+    strategies differ in is overridden there: how the gradients are summed (`sync`), the loss
+    scale that undoes an averaging reduction (`grad_scale`), how many micro-batches a rank runs
+    (`most`: every rank the same when each forward is a collective), and how the ranks come to
+    hold the same tensor (`agree`)."""
     rank: int = 0
     world: int = 1
-    sharded: bool = False
-
-    @property
-    def grad_scale(self) -> float:
-        return float(self.world) if self.sharded else 1.0
+    grad_scale: float = 1.0
 
     def rows(self, group_ids: list[int]) -> tuple[list[int], float]:
         """This rank's rows among a mini-batch's (given by group), and their loss weight."""
@@ -104,20 +100,7 @@ class Share:
         return index, 1.0 if override is None else override
 
     def sync(self, params) -> None:
-        if self.world == 1 or self.sharded:
-            return
-        import torch.distributed as dist
-
-        params = [p for p in params if p.requires_grad]
-        for p in params:
-            if p.grad is None:  # a parameter this share did not reach still takes part in the sum
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])                  # (N,)
-        dist.all_reduce(flat)
-        at = 0
-        for p in params:
-            p.grad.copy_(flat[at:at + p.numel()].view_as(p))
-            at += p.numel()
+        """Sum the ranks' gradients (nothing to sum alone)."""
 
     def total(self, stats: dict[str, float]) -> dict[str, float]:
         """Sums over the group (each rank's statistics are its part of the mini-batch's)."""
@@ -131,35 +114,23 @@ class Share:
         return dict(zip(keys, flat.tolist()))
 
     def most(self, n: int) -> int:
-        """The largest `n` over the sharded group (a replicated rank needs only its own)."""
-        if self.world == 1 or not self.sharded:
-            return n
-        import torch.distributed as dist
+        """How many micro-batches this rank runs when it has `n` of its own."""
+        return n
 
-        t = torch.tensor([n], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    def from_rank0(self, t: torch.Tensor) -> torch.Tensor:
-        """Rank 0's tensor on every rank, so that all train on the very same advantages."""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.broadcast(t, 0)
+    def agree(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` as every rank must hold it, when each rank computed it (a critic's values)."""
         return t
 
 
 def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None, share: Share | None = None) -> Experience:
     """Set the batch's advantages (and a critic's values and returns) on `exp`, unless they are
     set: the one place they are computed, always on the whole batch, before any rank takes its
-    share, so every rank of the learner group sees the numbers one process would. A sharded
-    critic's forward needs every rank: all compute the values and take rank 0's."""
+    share, so every rank of the learner group sees the numbers one process would. A critic whose
+    forward needs every rank is run by all of them, and their values agreed on (`Share.agree`)."""
     if exp.advantages is not None:
         return exp
     if s.estimator.needs_critic and exp.values is None:
-        exp.values = _values(critic, exp, s.micro_batch_tokens)                   # (B, T)
-        if share is not None and share.sharded:
-            exp.values = share.from_rank0(exp.values)
+        exp.values = (share or Share()).agree(_values(critic, exp, s.micro_batch_tokens))  # (B, T)
     exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
     return exp
 
@@ -214,8 +185,8 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
 def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
                  share: Share, scale: float, weight: float, idle: int = 0) -> dict:
     """One optimizer step on a mini-batch (this rank's rows of it), a micro-batch at a time.
-    `weight` is 0 for a rank's stand-in row, and so are `idle` extra micro-batches of a sharded
-    rank with fewer than the others: they join the collectives and count for nothing."""
+    `weight` is 0 for a rank's stand-in row, and so are `idle` extra micro-batches of a rank with
+    fewer than the others whose forwards are collectives: they join them and count for nothing."""
     optimizer.zero_grad(set_to_none=True)
     dev, sums, is_max = model_device(model), {}, 0.0
     for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
@@ -276,7 +247,7 @@ def _with_idle(parts: list[list[int]], idle: int, scale: float, weight: float):
 
 
 def _clip(model, max_norm: float) -> torch.Tensor:
-    """Clip to the global gradient norm; a sharded model's norm comes back whole on every rank."""
+    """Clip to the global gradient norm (a DTensor norm comes back whole on every rank)."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 

@@ -14,14 +14,13 @@ from hindsight.lookback.history import MetricsLog
 from hindsight.lookback.plots import write_run_plots
 from hindsight.lookback.report import render_step_report
 from hindsight.state.checkpoint import CheckpointManager
+from hindsight.state.rundir import RLDir
 from hindsight.state.store import RolloutStore
 
 
 def rl_dir_of(path: str | Path) -> Path:
     """Accept a run directory (runs/NAME) or its rl/ folder."""
-    path = Path(path)
-    if (path / "rl").is_dir():
-        path = path / "rl"
+    path = RLDir.find(path).path
     if not (path / "rollouts").is_dir():
         raise CheckpointError(f"{path}: no stored rollouts here (expected a run directory such as runs/demo)")
     return path
@@ -31,11 +30,11 @@ def tokenizer_for(rl_dir: Path):
     """The tokenizer saved with the newest checkpoint, else the one the run started from."""
     from hindsight.models.load import load_tokenizer
 
-    ckpt = CheckpointManager(rl_dir / "checkpoints")
+    ckpt = CheckpointManager(RLDir(rl_dir).checkpoints)
     step = ckpt.latest_step()
     if step:
         return load_tokenizer(str(ckpt.policy_dir(step)))
-    init = (read_json(rl_dir / "fingerprint.json", default={}) or {}).get("sampling", {}).get("init")
+    init = (read_json(RLDir(rl_dir).fingerprint, default={}) or {}).get("sampling", {}).get("init")
     if not init:
         raise CheckpointError(f"{rl_dir}: no checkpoint yet, so no tokenizer to decode the stored tokens with")
     return load_tokenizer(init)
@@ -52,26 +51,25 @@ def step_report_html(rl_dir: Path, step: int, tok, run_name: str, max_groups: in
     rows, scores = store.read("rollouts", shard), store.read("scores", shard)
     advantages = {a["index"]: a["advantage"] for a in store.read("advantages", shard)} \
         if store.has("advantages", shard) else {}
-    metrics = next((h for h in MetricsLog(rl_dir / "metrics.jsonl").read() if h["step"] == step), {})
-    estimator = (read_json(rl_dir / "config.json", default={}) or {}).get("kl", {}).get("estimator", "k3")
+    paths = RLDir(rl_dir)
+    metrics = next((h for h in MetricsLog(paths.metrics).read() if h["step"] == step), {})
+    estimator = (read_json(paths.config, default={}) or {}).get("kl", {}).get("estimator", "k3")
     return render_step_report(run_name, step, rows, scores, advantages, metrics,
                               lambda i: tok.decode([i]), max_groups, estimator)
 
 
-RUN_IDS = "mlflow_run_ids"  # in the RL folder: the MLflow runs that wrote it, one per line
-
-
 def owns(rl_dir: Path, run_id: str) -> bool:
-    """Whether the RL folder was written by MLflow run `run_id` (a tag alone can point anywhere)."""
+    """Whether the RL folder was written by MLflow run `run_id` (a tag alone can point anywhere):
+    its `mlflow_run_ids` lists the runs that wrote it, one per line."""
     try:
-        return run_id in (rl_dir / RUN_IDS).read_text().split()
+        return run_id in RLDir(rl_dir).run_ids.read_text().split()
     except OSError:
         return False
 
 
 def write_step_report(rl_dir: Path, step: int, tok, run_name: str, max_groups: int = 4,
                       out: Path | None = None) -> Path:
-    out = out or rl_dir / "reports" / f"step-{step:06d}.html"
+    out = out or RLDir(rl_dir).report(step)
     atomic_write_bytes(out, step_report_html(rl_dir, step, tok, run_name, max_groups).encode("utf-8"))
     return out
 
@@ -80,6 +78,6 @@ def write_plots(rl_dir: Path, step: int) -> list[Path]:
     """Curves up to now, and the reward and length distributions at `step`."""
     store = RolloutStore(rl_dir)
     rows, scores = store.read("rollouts", step - 1), store.read("scores", step - 1)
-    history = MetricsLog(rl_dir / "metrics.jsonl").read()
-    return write_run_plots(rl_dir / "plots", history, [s["reward"] for s in scores],
+    history = MetricsLog(RLDir(rl_dir).metrics).read()
+    return write_run_plots(RLDir(rl_dir).plots, history, [s["reward"] for s in scores],
                            [len(r["completion_ids"]) for r in rows], step)

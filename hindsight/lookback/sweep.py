@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hindsight.lookback.history import MetricsLog
+from hindsight.state.rundir import RunDir
 from hindsight.lookback.plots import curves
 from hindsight.lookback.report import text_table
 from hindsight.state.fsutil import atomic_write_bytes
@@ -16,7 +17,7 @@ def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:
 
 def sweep_plots(out_dir: Path, rows: list[dict]) -> list[Path]:
     """Each trial's reward curve and eval accuracy, one line per trial."""
-    histories = {r["trial"]: MetricsLog(Path(r["run_dir"]) / "rl" / "metrics.jsonl").read() for r in rows if r.get("run_dir")}
+    histories = {r["trial"]: MetricsLog(RunDir(r["run_dir"]).rl.metrics).read() for r in rows if r.get("run_dir")}
     series = {key: {t: [(h["step"], float(h[key])) for h in hist if key in h] for t, hist in histories.items()}
               for key in ("reward/mean", "eval/accuracy")}
     files = {"curves.png": curves(series["reward/mean"], "reward/mean", "reward per trial"),

@@ -70,13 +70,16 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_causal_lm(path: str, dtype: str = "float32"):
+def load_causal_lm(path: str, dtype: str = "float32", empty: bool = False):
     """A causal LM; a LoRA adapter folder (an RL policy trained with `rl.lora`) loads on its base
-    and is merged, so it evaluates and fine-tunes like any model."""
+    and is merged, so it evaluates and fine-tunes like any model. `empty`: built from its config
+    with its parameters on the meta device (`empty_model`)."""
     from transformers import AutoModelForCausalLM
 
     from hindsight.models.lora import adapter_base, is_adapter_dir, load_adapter
 
+    if empty:
+        return empty_model(AutoModelForCausalLM, path, dtype)
     if is_adapter_dir(path):
         base = load_causal_lm(adapter_base(path), dtype)
         return _loading(path, "LoRA adapter", lambda: load_adapter(base, path, trainable=False).merge_and_unload())
@@ -84,13 +87,19 @@ def load_causal_lm(path: str, dtype: str = "float32"):
         path, dtype=getattr(torch, dtype)).to(default_device()))
 
 
-def load_reward_model(path: str, dtype: str = "float32"):
+def load_reward_model(path: str, dtype: str = "float32", empty: bool = False):
     """A sequence-scoring model. From a causal LM (the reward model's start, PPO's critic) its
     head is new: transformers' load report prints that as a MISSING table that reads like an
-    error, so it is silenced here and said in one line instead."""
+    error, so it is silenced here and said in one line instead. The names no checkpoint file
+    held are kept on the model (`missing_names`)."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
+    if empty:
+        model = empty_model(AutoModelForSequenceClassification, path, dtype, num_labels=1)
+        held = weight_files(path)
+        setattr(model, MISSING, sorted(name for name, _ in model.named_parameters() if name not in held))
+        return model
     before = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -101,4 +110,65 @@ def load_reward_model(path: str, dtype: str = "float32"):
     fresh = sorted(info.get("missing_keys") or [])
     if fresh:
         log.info("%s: a new scoring head (%s), as expected when starting from a causal LM", path, ", ".join(fresh))
+    setattr(model, MISSING, fresh)
     return model.to(default_device())
+
+
+MISSING = "_hindsight_missing"  # parameter names no checkpoint file held (a new head)
+FRESH = "_hindsight_fresh"      # their seeded starting values, kept for a model built on the meta device
+
+
+def missing_names(model) -> list[str]:
+    return list(getattr(model, MISSING, None) or [])
+
+
+def empty_model(auto_cls, path: str, dtype: str, **kwargs):
+    """The model `path`'s config builds, its parameters on the meta device (no memory) and its
+    buffers computed for real (rotary frequencies are in no checkpoint); tied weights tied, as
+    `from_pretrained` ties them."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    config = _loading(path, "model config", lambda: AutoConfig.from_pretrained(path, **kwargs))
+    with init_empty_weights(include_buffers=False):
+        model = auto_cls.from_config(config, dtype=getattr(torch, dtype))
+    model.tie_weights()  # the empty init gives each tied weight a parameter of its own
+    return model
+
+
+def fresh_values(model, names: list[str], seed: int) -> dict[str, torch.Tensor]:
+    """Starting values for parameters no checkpoint holds (a new value head): normal(0,
+    initializer_range) for weights and zeros for biases, drawn on the CPU from (seed, name). They
+    do not depend on how the model was built, so every learner strategy and rank starts the head
+    the same."""
+    import zlib
+
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    params = dict(model.named_parameters())
+    out = {}
+    for name in sorted(names):
+        shape = params[name].shape
+        if name.endswith("bias"):
+            out[name] = torch.zeros(shape)
+            continue
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        out[name] = torch.empty(shape).normal_(0.0, std, generator=gen)
+    return out
+
+
+def weight_files(folder: str | Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file of a model folder that holds it (one file, or the
+    index of several); empty when the folder has no safetensors."""
+    import json
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: folder / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if len(files) != 1:
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), framework="pt") as f:
+        return {name: files[0] for name in f.keys()}

@@ -1,9 +1,10 @@
 """A rollout worker: a policy copy and an engine; it generates the groups it is given.
 
 Each group draws its randomness from its own generator, seeded by (run seed, step, group), and
-the hf engine samples a fixed batch of groups at once (`rollout.groups_per_batch`, set by group
-index), so what a group holds does not depend on which worker generated it, on how many
-workers there are, or on whether it was generated again after a worker died. Each finished group is written at once as a
+an engine that batches groups (hf) samples a fixed batch of them at once
+(`rollout.groups_per_batch`, set by group index), so what a group holds does not depend on which
+worker generated it, on how many workers there are, or on whether it was generated again after
+a worker died. The engine is the registered one the config names (`rollout.engines`). Each finished group is written at once as a
 part shard, so a worker that dies mid-lease loses only the groups it had not finished.
 """
 from __future__ import annotations
@@ -18,8 +19,10 @@ from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.logprobs import budgeted_logprobs
 from hindsight.rollout.decoding import end_token_ids
-from hindsight.rollout.hf import sample_groups
+from hindsight.rollout.engines import EngineContext, get_engine
 from hindsight.state.store import RolloutStore
+from hindsight.transport.base import Ack, receive_into
+from hindsight.transport.payload import WeightVersion
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +83,7 @@ class RolloutWorker:
         from hindsight.models.load import disable_dropout, load_causal_lm, load_tokenizer
 
         policy = load_causal_lm(policy_path, dtype)
-        if rl.disable_dropout:
+        if rl.learner.disable_dropout:
             disable_dropout(policy)
         return cls(worker_id, policy, load_tokenizer(policy_path), rl, seed, RolloutStore(store_root), init_path)
 
@@ -88,15 +91,22 @@ class RolloutWorker:
         self.id, self.policy, self.tok, self.rl, self.seed, self.store = worker_id, policy, tok, rl, seed, store
         self.init_path = init_path
         self.version = 0
-        self.engine, self.engine_stale = None, True  # vLLM, created at the first rollout that needs it
+        self.engine_cls = get_engine(rl.rollout.backend)
+        self.engine, self.engine_stale = None, True  # created at the first rollout
         self.compute_s = 0.0  # seconds in the engine (the rest is I/O): the bench's split
 
-    def load_weights(self, version: int, state_dict=None) -> None:
-        """Take weights version `version`; with no state dict the worker shares the learner's
-        policy object (the in-process placement) and only its engine needs the news."""
-        if state_dict is not None:
-            self.policy.load_state_dict(state_dict)
+    def start_at(self, version: int) -> None:
+        """The weights the worker was built with are version `version`."""
         self.version, self.engine_stale = version, True
+
+    def receive(self, payload: WeightVersion) -> Ack:
+        """A new weights version from the transport (`hindsight.transport`): shared with the
+        learner in process, or tensors checked against their checksum. A refused one leaves the
+        worker serving nothing until a good version arrives (`StaleWeights`)."""
+        self.policy, ack = receive_into(self.policy, payload)
+        self.version = payload.version if ack.ok else None
+        self.engine_stale = True
+        return ack
 
     def generate(self, tasks: list[GroupTask], version: int) -> list[int]:
         """Sample and store each task's group; returns the groups written, in order."""
@@ -115,21 +125,31 @@ class RolloutWorker:
         return done
 
     def _batches(self, tasks: list[GroupTask]) -> list[list[GroupTask]]:
-        """hf samples a batch of groups at once (`rollout.groups_per_batch`); other engines one group."""
-        k = self.rl.rollout.groups_per_batch if self.rl.rollout.backend == "hf" else 1
+        """An engine that batches groups samples `rollout.groups_per_batch` of them at once; others one."""
+        k = self.rl.rollout.groups_per_batch if self.engine_cls.batches_groups else 1
         out: dict = {}
         for task in tasks:
             out.setdefault(batch_of(task, k), []).append(task)
         return list(out.values())
 
     def _generate_batch(self, batch: list[GroupTask]) -> Experience:
-        r, size = self.rl.rollout, self.rl.samples_per_prompt
         seeds = [group_seed(self.seed, t.step, t.group) for t in batch]
-        if r.backend == "hf":
-            return sample_groups(self.policy, self.tok, [t.prompt["prompt"] for t in batch], seeds, size,
-                                 r.max_new_tokens, r.temperature, r.top_p, r.logprobs, self.rl.micro_batch_tokens)
-        (task,) = batch
-        return self._learner_logprobs(self._generate(task.prompt["prompt"], seeds[0]))
+        exp = self._engine().sample([t.prompt["prompt"] for t in batch], seeds, self.rl.samples_per_prompt)
+        return self._learner_logprobs(exp) if self.engine_cls.recompute_logprobs else exp
+
+    def _engine(self):
+        """The engine, built at the first rollout, and told of every new weights version."""
+        if self.engine is None:
+            r = self.rl.rollout
+            self.engine = self.engine_cls(EngineContext(
+                policy=self.policy, tok=self.tok, rollout=r, settings=r.engine_settings(), seed=self.seed,
+                init_path=self.init_path, bucket_mb=self.rl.learner.publish_bucket_mb,
+                budget=self.rl.learner.micro_batch_tokens, stop_ids=end_token_ids(self.tok, self.policy)))
+            self.engine_stale = True
+        if self.engine_stale:  # the policy moved since the engine last saw it
+            self.engine.load_weights(self.policy)
+            self.engine_stale = False
+        return self.engine
 
     def _group_rows(self, task: GroupTask, exp: Experience) -> list[dict]:
         src, size = task.prompt, self.rl.samples_per_prompt
@@ -159,26 +179,12 @@ class RolloutWorker:
             })
         return rows
 
-    def _generate(self, prompt: str, seed: int) -> Experience:
-        r, size = self.rl.rollout, self.rl.samples_per_prompt
-        if self.engine is None:
-            from hindsight.rollout.vllm import VLLMEngine
-
-            v = r.vllm
-            self.engine = VLLMEngine(self.init_path, v.dtype, self.seed, v.gpu_memory_utilization, v.max_model_len,
-                                     self.rl.workers.publish_bucket_mb)
-            self.engine_stale = True
-        if self.engine_stale:  # the policy moved since the engine last saw it
-            self.engine.load_weights(self.policy)
-            self.engine_stale = False
-        return self.engine.generate(self.tok, [prompt], size, r.max_new_tokens, r.temperature, r.top_p, seed=seed,
-                                    stop_ids=end_token_ids(self.tok, self.policy))
-
     def _learner_logprobs(self, exp: Experience) -> Experience:
         """The behaviour log-probs the ratio is anchored on, recomputed by the training model (as
         TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
         renormalised over the nucleus. The engine's are kept for the optional IS weight."""
         self.policy.eval()
-        logp = budgeted_logprobs(self.policy, exp, self.rl.rollout.temperature, self.rl.micro_batch_tokens)  # (B, T)
+        logp = budgeted_logprobs(self.policy, exp, self.rl.rollout.temperature,
+                                 self.rl.learner.micro_batch_tokens)                                   # (B, T)
         exp.engine_logprobs, exp.logprobs = exp.logprobs, logp * exp.completion_mask
         return exp

@@ -5,6 +5,7 @@ tokens as training, and no setting taken from the checkpoint's generation config
 
 The judge goes through the same guarded scoring as training rewards (`score_completions`):
 TRL's keyword contract, a timeout in the reward worker, and the fallback when it fails.
+`cfg` is the pipeline's config (`hindsight.config.PipelineConfig`, which sits above this role).
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from contextlib import contextmanager
 
 import torch
 
-from hindsight.config import PipelineConfig
 from hindsight.errors import RewardError
 from hindsight.data.rows import load_rows
 from hindsight.models.load import load_causal_lm, load_tokenizer
@@ -57,24 +57,24 @@ def accuracy(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int
     return sum(1.0 for _, ok in judged if ok) / len(rows), [a for a, _ in judged]
 
 
-def eval_rows(cfg: PipelineConfig) -> list[dict]:
+def eval_rows(cfg) -> list[dict]:
     return load_rows(**cfg.data.reading("eval", limit=cfg.eval.limit))
 
 
-def evaluate_model(cfg: PipelineConfig, model, tok, worker=None) -> float:
+def evaluate_model(cfg, model, tok, worker=None) -> float:
     """Held-out accuracy with the config's eval settings; every stage reports it the same way.
     The judge runs guarded like any reward: in `worker`, or in a worker of its own when
-    rl.reward_isolation is `process`."""
+    rl.scoring.isolation is `process`."""
     with judge_worker(cfg, worker) as w:
         acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens, w,
-                          cfg.rl.reward_timeout_s, cfg.rl.reward_fallback)
+                          cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback)
     return acc
 
 
 @contextmanager
-def judge_worker(cfg: PipelineConfig, worker=None):
+def judge_worker(cfg, worker=None):
     """The given reward worker, or a fresh one for this evaluation (closed after), or None inline."""
-    if worker is not None or cfg.rl.reward_isolation != "process":
+    if worker is not None or cfg.rl.scoring.isolation != "process":
         yield worker
         return
     own = RewardWorker()
@@ -84,7 +84,7 @@ def judge_worker(cfg: PipelineConfig, worker=None):
         own.close()
 
 
-def evaluate_path(cfg: PipelineConfig, path: str) -> tuple[float, dict]:
+def evaluate_path(cfg, path: str) -> tuple[float, dict]:
     """The accuracy of the model in folder `path`, and the decoding it was measured with."""
     model, tok = load_causal_lm(path, cfg.model.dtype), load_tokenizer(path)
     return evaluate_model(cfg, model, tok), decoding_record(tok, model, cfg.eval)

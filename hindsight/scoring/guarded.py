@@ -32,7 +32,7 @@ class RewardExited(Exception):
 def _serve(conn) -> None:
     import signal
 
-    from hindsight.scoring.rewards import load_reward_fn, plain_result
+    from hindsight.scoring.reward_fns import load_reward_fn, plain_result
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the stage decides, not the worker
 

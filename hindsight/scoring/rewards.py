@@ -6,67 +6,18 @@ importable, or returns the wrong number of scores, is a configuration bug and fa
 """
 from __future__ import annotations
 
-import importlib
-import hashlib
 import logging
 import math
 import numbers
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hindsight.errors import RewardError
+from hindsight.scoring.guarded import RewardExited, RewardRaised
+from hindsight.scoring.reward_fns import (check_reward, load_reward_fn, plain_result, reward_source_hash,  # noqa: F401
+                                          takes_run_context)
 
 log = logging.getLogger("hindsight.scoring.rewards")
 MAX_LOGGED_FAILURES = 3
-
-
-def load_reward_fn(spec: str):
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise RewardError(f"reward {spec!r}: expected 'module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise RewardError(f"reward {spec!r}: cannot import module {module_name!r} ({exc})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RewardError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
-    return fn
-
-
-def check_reward(spec: str, args: dict | None = None):
-    """Load a reward, check that it can take TRL's keywords, and run its own `preflight(**args)`
-    if it has one: a reward that cannot run here (the code reward without its sandbox, or a
-    function that is no reward, such as `os:system`) refuses before any model loads."""
-    fn = load_reward_fn(spec)
-    _check_signature(spec, fn)
-    check = getattr(fn, "preflight", None)
-    if callable(check):
-        try:
-            check(**(args or {}))
-        except Exception as exc:
-            raise RewardError(f"reward {spec!r}: {exc}") from None
-    return fn
-
-
-def _check_signature(spec: str, fn) -> None:
-    """TRL's contract calls a reward by keyword: prompts=, completions=, completion_ids= and the
-    dataset's columns. One that cannot take `completions` by keyword, or needs an argument by
-    position, could never score a completion."""
-    import inspect
-
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        raise RewardError(f"reward {spec!r}: its signature cannot be read, so it cannot be checked against TRL's "
-                          f"keyword contract (fn(prompts=, completions=, completion_ids=, **columns))") from None
-    params = sig.parameters.values()
-    by_keyword = any(p.kind is p.VAR_KEYWORD for p in params) or (
-        "completions" in sig.parameters and sig.parameters["completions"].kind is not inspect.Parameter.POSITIONAL_ONLY)
-    positional = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
-    if not by_keyword or positional:
-        raise RewardError(f"reward {spec!r}: its signature {sig} cannot take TRL's keyword arguments "
-                          f"(fn(prompts=, completions=, completion_ids=, **columns))")
 
 
 def reward_name(spec: str) -> str:
@@ -120,7 +71,7 @@ def add_failures(total: dict[str, list], part: dict[str, list]) -> dict[str, lis
 
 def score_completions(specs, completions: list[str], columns: dict[str, list], fallback: float = 0.0,
                       worker=None, timeout_s: float = 60.0, prompts: list[str] | None = None,
-                      completion_ids: list[list[int]] | None = None) -> ScoreResult:
+                      completion_ids: list[list[int]] | None = None, context=None) -> ScoreResult:
     """Weighted sum of reward functions, each called as TRL calls it: by keyword, with
     `prompts=`, `completions=`, `completion_ids=`, every dataset column (one value per
     completion) and the reward's own `args`.
@@ -139,9 +90,10 @@ def score_completions(specs, completions: list[str], columns: dict[str, list], f
     total = [0.0] * len(completions)
     for call in reward_calls(specs):
         fn = load_reward_fn(call.fn)  # import errors surface here, in the parent, as a config error
+        extra = {"run_context": context} if context is not None and takes_run_context(fn) else {}
         if worker is not None:
             fn = _remote(worker, call.fn, timeout_s)
-        scores, n_failed, error = _call_reward(call.fn, fn, {**batch, **call.args}, fallback)
+        scores, n_failed, error = _call_reward(call.fn, fn, {**batch, **call.args, **extra}, fallback)
         per_fn[call.name] = scores
         failures[call.name] = n_failed
         if error:
@@ -154,18 +106,9 @@ def _remote(worker, spec: str, timeout_s: float):
     return lambda **kwargs: worker.call(spec, kwargs, timeout_s)
 
 
-def plain_result(raw):
-    """A reward's return as plain Python (a numpy array or tensor as its list), else unchanged:
-    what the worker process sends back, and what the inline path validates, are the same."""
-    tolist = getattr(raw, "tolist", None)
-    return tolist() if callable(tolist) and not isinstance(raw, (list, tuple, str, bytes, dict)) else raw
-
-
 def _call_reward(spec, fn, kwargs: dict, fallback) -> tuple[list[float], int, str | None]:
     """One reward call, inline or in the worker: both end in `validate_scores`. Returns the
     scores, how many failed, and the first failure."""
-    from hindsight.scoring.guarded import RewardExited, RewardRaised
-
     completions = kwargs["completions"]
     try:
         raw = plain_result(fn(**kwargs))
@@ -207,10 +150,3 @@ def validate_scores(spec: str, raw, completions: list, fallback: float) -> tuple
                 log.warning("reward %s gave %r for completion %r; using fallback %s", spec, value, completion, fallback)
         scores.append(float(value) if ok else fallback)
     return scores, failed, first_bad
-
-
-def reward_source_hash(spec: str) -> str:
-    """A reward module's source: editing a user's reward outside our packages reruns the stage."""
-    module = importlib.import_module(spec.partition(":")[0])
-    source = getattr(module, "__file__", None)
-    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else "builtin"

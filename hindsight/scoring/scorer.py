@@ -16,6 +16,7 @@ from hindsight.experience import experience_from_rows
 from hindsight.logprobs import budgeted_logprobs, budgeted_scores
 from hindsight.rollout.worker import write_groups
 from hindsight.scoring.rewards import score_completions
+from hindsight.state.rundir import RLDir
 from hindsight.state.store import RolloutStore
 
 
@@ -33,9 +34,10 @@ class Scorer:
         from hindsight.scoring.guarded import RewardWorker
 
         ref = load_causal_lm(init_path, dtype).eval() if rl.kl.coef > 0 else None
-        rm = load_reward_model(rm_path).eval() if rm_path and rl.reward_model_weight > 0 else None
-        worker = RewardWorker() if rl.reward_isolation == "process" else None
+        rm = load_reward_model(rm_path).eval() if rm_path and rl.scoring.reward_model_weight > 0 else None
+        worker = RewardWorker() if rl.scoring.isolation == "process" else None
         return cls(scorer_id, rl, load_tokenizer(init_path).pad_token_id, ref, rm, worker, RolloutStore(store_root))
+
 
     def __init__(self, scorer_id: str, rl, pad_id: int, ref, rm, reward_worker, store: RolloutStore):
         self.id, self.rl, self.pad_id, self.ref, self.rm = scorer_id, rl, pad_id, ref, rm
@@ -74,7 +76,7 @@ class Scorer:
         size, out = len(part), []
         for j, r in enumerate(part):
             k, b = at + j, i * size + j
-            total = result.total[k] + (self.rl.reward_model_weight * rm[b] if rm else 0.0)
+            total = result.total[k] + (self.rl.scoring.reward_model_weight * rm[b] if rm else 0.0)
             out.append({"step": step, "index": r["index"], "group": r["group"], "reward": total,
                         "rm_score": rm[b] if rm else None, **{f"reward_{name}": v[k] for name, v in result.per_fn.items()},
                         "ref_logprobs": ref[b, :len(r["completion_ids"])].tolist() if ref is not None else None})
@@ -86,17 +88,18 @@ class Scorer:
         # a conversation's completion goes to the rewards as the assistant's message, as TRL passes it
         completions = [[{"role": "assistant", "content": r["completion"]}] if r.get("conversational") else r["completion"]
                        for r in rows]
-        return score_completions(self.rl.rewards, completions,
-                                 {k: [c.get(k) for c in columns] for k in keys}, self.rl.reward_fallback,
-                                 self.reward_worker, self.rl.reward_timeout_s, prompts=[r["prompt"] for r in rows],
-                                 completion_ids=[list(r["completion_ids"]) for r in rows])
+        return score_completions(self.rl.scoring.rewards, completions,
+                                 {k: [c.get(k) for c in columns] for k in keys}, self.rl.scoring.fallback,
+                                 self.reward_worker, self.rl.scoring.timeout_s, prompts=[r["prompt"] for r in rows],
+                                 completion_ids=[list(r["completion_ids"]) for r in rows],
+                                 context=RLDir(self.store.root).context())
 
     def _models(self, rows: list[dict]):
         """(reference log-probs (B, T) or None, reward-model scores or None) for a batch of groups."""
         if self.ref is None and self.rm is None:
             return None, None
         exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
-        budget = self.rl.micro_batch_tokens
+        budget = self.rl.learner.micro_batch_tokens
         ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget) if self.ref is not None else None
         rm = budgeted_scores(self.rm, exp, budget).tolist() if self.rm is not None else None
         return ref, rm

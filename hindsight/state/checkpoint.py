@@ -5,8 +5,8 @@ Layout under a run's `checkpoints/`:
     optimizer/step-000010.pt  optimizer state (loaded with weights_only=True)
     rng/step-000010.pt        torch and python RNG states
     critic/step-000010/       PPO's value model (HF folder), and critic_optimizer/step-000010.pt
-    learner_state/step-000010/  instead of the optimizer and critic files, a sharded learner's
-                              (fsdp2) weights and optimizer states: torch.distributed.checkpoint,
+    learner_state/step-000010/  instead of the optimizer and critic files, an fsdp2 learner's
+                              weights and optimizer states: torch.distributed.checkpoint,
                               one file per rank and `.metadata`; the policy folder is still the
                               whole model, gathered from the shards
     manifest.json             newest complete version of each component (the commit point)
@@ -78,9 +78,10 @@ class CheckpointManager:
         return self.root / component / f"step-{step:06d}"
 
     def save(self, step: int, model, tokenizer, optimizer=None, extra: dict | None = None,
-             critic=None, critic_optimizer=None, sharded_state=None) -> Path:
-        """`sharded_state(folder)`: a sharded learner writes its weights and optimizer states
-        there (every rank its shard) instead of the optimizer and critic components."""
+             critic=None, critic_optimizer=None, state_writer=None) -> Path:
+        """`state_writer(folder)`: a learner whose state is not one optimizer file (every rank of
+        a sharded one writes its shard there) writes it instead of the optimizer and critic
+        components."""
         def fill(model_):
             def write(tmp: Path):
                 model_.save_pretrained(tmp, safe_serialization=True)
@@ -89,8 +90,8 @@ class CheckpointManager:
 
         policy = atomic_dir(self.policy_dir(step), fill(model))
         components = {"policy": step, "rng": step}
-        if sharded_state is not None:
-            atomic_dir(self.learner_state_dir(step), sharded_state)
+        if state_writer is not None:
+            atomic_dir(self.learner_state_dir(step), state_writer)
             components["learner_state"] = step
         else:
             self._save_tensor_file(self.tensor_file(step, "optimizer"), optimizer.state_dict())
@@ -160,7 +161,7 @@ class CheckpointManager:
 
     def restore_rng(self, step: int) -> None:
         """Put the process's torch and python RNG back where they were at `step`."""
-        state = self._load_tensor_file(self.tensor_file(step, "rng"))
+        state = load_tensor_file(self.tensor_file(step, "rng"))
         torch.set_rng_state(state["torch"])
         random.setstate((3, tuple(state["python"]), None))
 
@@ -169,7 +170,7 @@ class CheckpointManager:
         return self.root / component / f"step-{step:06d}.pt"
 
     def load_optimizer(self, step: int, optimizer, component: str = "optimizer") -> None:
-        optimizer.load_state_dict(self._load_tensor_file(self.tensor_file(step, component)))
+        optimizer.load_state_dict(load_tensor_file(self.tensor_file(step, component)))
 
     def _save_tensor_file(self, path: Path, obj) -> None:
         import io
@@ -177,14 +178,6 @@ class CheckpointManager:
         buf = io.BytesIO()
         torch.save(obj, buf)
         atomic_write_bytes(path, buf.getvalue())
-
-    def _load_tensor_file(self, path: Path):
-        if not path.exists():
-            raise CheckpointError(f"{path}: checkpoint component missing")
-        try:
-            return torch.load(path, weights_only=True)
-        except Exception as exc:  # a truncated or corrupt file surfaces as many exception types
-            raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__})") from None
 
     def _retain(self, newest: int) -> None:
         """Keep the last `keep_last` versions; the newest (what a resume needs) is never deleted."""
@@ -196,6 +189,17 @@ class CheckpointManager:
                 shutil.rmtree(self.folder(component, old), ignore_errors=True)
             for comp in ("optimizer", "rng", "critic_optimizer"):
                 self.tensor_file(old, comp).unlink(missing_ok=True)
+
+
+def load_tensor_file(path: str | Path):
+    """A component saved as one tensor file (optimizer state, RNG), read with weights_only."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint component missing")
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # a truncated or corrupt file surfaces as many exception types
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__})") from None
 
 
 def require_finite(folder, stage: str) -> None:

@@ -5,7 +5,9 @@
     algorithm  the algorithm itself
     scoring    what the score shards hold (rewards with their arguments and source, the
                reward model, the KL settings)
-    training   how the learner turns them into weights (lr, clipping, loss aggregation)
+    training   how the learner turns them into weights: the whole `rl.learner` block (lr,
+               clipping, loss aggregation, batching, the learner group), the algorithm's own
+               block and the importance correction
 
 A resume refuses a sampling or algorithm change (the stored rollouts would be trained as if
 they fit), re-scores the stored rollouts after a scoring change (the look-back the project is
@@ -20,16 +22,15 @@ from hindsight.errors import CheckpointError
 from hindsight.state.fsutil import file_sha256
 
 SECTIONS = ("sampling", "algorithm", "scoring", "training")
-_TRAINING = ("lr", "clip_eps_low", "clip_eps_high", "clip_ratio_c", "loss_agg", "num_iterations", "mini_batch_size",
-             "max_grad_norm",
-             "entropy_coef", "disable_dropout")
 
 
-def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash) -> dict[str, dict]:
-    """`reward_hash(spec)`: the reward module's source hash (hindsight.stage.reward_source_hash)."""
+def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash, engines: dict) -> dict[str, dict]:
+    """`reward_hash(spec)`: the reward module's source hash (hindsight.stage.reward_source_hash);
+    `engines`: the rollout engine registry, whose blocks are left out but for the chosen engine's
+    settings that change what it samples."""
     rl, d = cfg.rl, cfg.data
     dumped = rl.model_dump(mode="json", by_alias=True)
-    rollout = {k: v for k, v in dumped["rollout"].items() if k != "vllm"}
+    rollout = sampling_settings(dumped["rollout"], rl.rollout.backend, engines)
     return {
         "sampling": {"init": init_path, "prompts": d.prompts, "prompts_sha256": file_sha256(d.prompts),
                      "split": d.split, "columns": d.columns_for("prompts"), "prompt_format": d.prompt_format,
@@ -38,13 +39,24 @@ def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash) -> di
                      "dynamic_sampling": dumped["dynamic_sampling"], "replay": dumped["replay"],
                      "rollout": rollout, "max_staleness": rl.async_.max_staleness},
         "algorithm": {"algorithm": rl.algorithm},
-        "scoring": {"rewards": [{**r, "source": reward_hash(r["fn"])} for r in dumped["rewards"]],
-                    "reward_model": rm_path if rl.reward_model_weight > 0 else None,
-                    "reward_model_weight": rl.reward_model_weight, "reward_fallback": rl.reward_fallback,
+        "scoring": {"rewards": [{**r, "source": reward_hash(r["fn"])} for r in dumped["scoring"]["rewards"]],
+                    "reward_model": rm_path if rl.scoring.reward_model_weight > 0 else None,
+                    "reward_model_weight": rl.scoring.reward_model_weight, "reward_fallback": rl.scoring.fallback,
                     "kl": dumped["kl"]},
-        "training": {**{k: dumped[k] for k in _TRAINING}, "is_correction": dumped["async"]["is_correction"],
+        "training": {**dumped["learner"], "is_correction": dumped["async"]["is_correction"],
                      "is_cap": dumped["async"]["is_cap"], rl.algorithm: dumped.get(rl.algorithm)},
     }
+
+
+def sampling_settings(rollout: dict, backend: str, engines: dict) -> dict:
+    """The rollout section as far as it decides what is sampled: no engine's block but the chosen
+    one's, and of that only what its engine says changes a sampled token."""
+    out = {k: v for k, v in rollout.items() if k not in engines}
+    if isinstance(rollout.get(backend), dict):
+        kept = {k: v for k, v in rollout[backend].items() if k not in engines[backend].not_sampling}
+        if kept:
+            out[backend] = kept
+    return out
 
 
 @dataclass

@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from hindsight.learning import sharding
+from hindsight.learning.strategies import sharded as sharding
 
 
 def rss_kib(field: str) -> int:

@@ -84,7 +84,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: i
 
 @dataclass(frozen=True, kw_only=True)
 class LossSettings:
-    """Named like `RLConfig`'s fields, so `learner.learner_settings` fills them by name."""
+    """Named like `rl.learner`'s fields, so `update.learner_settings` fills them by name."""
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0

@@ -22,7 +22,7 @@ def test_the_fingerprint_is_on_disk_before_the_first_shard(tmp_path):
     assert not run.store.steps("rollouts")
     assert stored["sampling"]["samples_per_prompt"] == 4 and stored["algorithm"] == {"algorithm": "grpo"}
     assert stored["scoring"]["rewards"][0]["fn"] == "helpers:varied"
-    assert len(stored["scoring"]["rewards"][0]["source"]) == 16 and stored["training"]["lr"] == run.rl.lr
+    assert len(stored["scoring"]["rewards"][0]["source"]) == 16 and stored["training"]["lr"] == run.rl.learner.lr
     run.close()
 
 

@@ -1,4 +1,4 @@
-"""Each reward's failure rate is logged per step, and a reward failing on rl.reward_failure_stop of
+"""Each reward's failure rate is logged per step, and a reward failing on rl.scoring.failure_stop of
 a step's completions stops the run with its own error, its fallback scores never trained on."""
 import pytest
 
@@ -28,7 +28,7 @@ def test_a_reward_failing_on_the_share_stops_and_its_scores_are_dropped(tmp_path
     try:
         run.rollout(0)
         with pytest.raises(RewardError, match=r"step 0: reward half_fail failed on 8 of 16 completions "
-                                              r"\(rl.reward_failure_stop 0.5\): returned None \(not a finite number\)"):
+                                              r"\(rl.scoring.failure_stop 0.5\): returned None \(not a finite number\)"):
             run.score(0)
         assert not run.store.has("scores", 0) and not run.store.with_parts("scores", 0, list(range(4)))
     finally:

@@ -16,7 +16,7 @@ SPECS = [SFT, REWARD_MODEL, RL, NEGATIVE_FT]
 
 # one valid change per top-level config key
 CHANGES = {
-    "sft": ("sft.lr", 0.5), "reward_model": ("reward_model.lr", 0.5), "rl": ("rl.lr", 0.5),
+    "sft": ("sft.lr", 0.5), "reward_model": ("reward_model.lr", 0.5), "rl": ("rl.learner.lr", 0.5),
     "negative_ft": ("negative_ft.lr", 0.5), "model": ("model.dtype", "bfloat16"), "data": ("data.split", "other"),
     "eval": ("eval.limit", 7), "seed": ("seed", 3), "name": ("name", "other"), "run_dir": ("run_dir", "elsewhere"),
     "tracking": ("tracking.experiment", "other"), "retries": ("retries.count", 4),

@@ -99,7 +99,7 @@ def test_num_processes_no_longer_trains_rl_and_says_what_does(tmp_path):
     that sets it without choosing the RL stage's learner count is refused, naming the replacement."""
     (tmp_path / "c.yaml").write_text("resources: {num_processes: 2}\nsft: {batch_size: 8}\nreward_model: {batch_size: 8}\n")
     with pytest.raises(ConfigError, match=r"resources.num_processes: 2 trains only sft and reward_model now.*"
-                                          r"rl.workers.learner: 2"):
+                                          r"rl.learner.processes: 2"):
         load_config(tmp_path / "c.yaml")
     (tmp_path / "c.yaml").write_text("resources: {num_processes: 2}\nsft: {batch_size: 8}\nreward_model: {batch_size: 8}\n"
                                      "rl: {workers: {learner: 1}}\n")

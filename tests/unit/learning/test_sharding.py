@@ -4,10 +4,12 @@ micro-batches that keep ranks in step, and the config's refusals."""
 import pytest
 import torch
 
-from hindsight.config import PipelineConfig
-from hindsight.learning import sharding
+from hindsight.config import LearnerConfig, PipelineConfig
+from hindsight.learning.strategies import sharded as sharding
+from hindsight.learning.strategies.replicated import Replicated
+from hindsight.learning.strategies.sharded import Sharded
 from hindsight.learning.update import Share, _with_idle
-from hindsight.rollout.vllm import weight_buckets
+from hindsight.transport.vllm import weight_buckets
 
 
 def tied_model():
@@ -52,8 +54,8 @@ def test_a_bucket_is_copied_into_the_rollout_copy_in_place():
 def test_idle_micro_batches_count_for_nothing():
     assert _with_idle([[0, 1], [2]], 2, 0.5, 1.0) == [([0, 1], 0.5, 1.0), ([2], 0.5, 1.0), ([0], 0.0, 0.0),
                                                      ([0], 0.0, 0.0)]
-    assert Share(rank=0, world=4, sharded=True).grad_scale == 4.0  # FSDP2 averages: the sum comes back
-    assert Share(rank=0, world=4).grad_scale == 1.0 and Share().most(3) == 3
+    assert Sharded(0, 4, LearnerConfig()).grad_scale == 4.0  # FSDP2 averages: the sum comes back
+    assert Replicated(0, 4, LearnerConfig()).grad_scale == 1.0 and Share().most(3) == 3
 
 
 def test_vllm_weight_buckets():
@@ -63,42 +65,43 @@ def test_vllm_weight_buckets():
     assert all(t.device.type == "cpu" for b in buckets for _, t in b)
 
 
-def _rl(tmp_path, **workers):
-    return {"run_dir": str(tmp_path / "r"), "rl": {"workers": workers}}
+def _rl(tmp_path, **learner):
+    return {"run_dir": str(tmp_path / "r"), "rl": {"learner": learner}}
 
 
 def test_the_config_refuses_what_is_not_built(tmp_path):
-    with pytest.raises(ValueError, match="learner_offload moves a sharded learner's state to the CPU"):
-        PipelineConfig.model_validate(_rl(tmp_path, learner_offload=True))
-    with pytest.raises(ValueError, match="workers.learner_strategy: fsdp2 does not shard one yet"):
-        PipelineConfig.model_validate({**_rl(tmp_path, learner_strategy="fsdp2"),
-                                       "rl": {"workers": {"learner_strategy": "fsdp2"}, "lora": {"enabled": True}}})
-    with pytest.raises(ValueError, match="learner > 1 runs its other ranks as Ray actors"):
-        PipelineConfig.model_validate(_rl(tmp_path, learner=2, learner_strategy="fsdp2"))
-    cfg = PipelineConfig.model_validate(_rl(tmp_path, learner_strategy="fsdp2", learner_offload=True))
-    assert cfg.rl.workers.learner == 1  # a sharded group of one: offload on one device
+    with pytest.raises(ValueError, match="offload moves a sharded learner's state to the CPU; strategy ddp"):
+        PipelineConfig.model_validate(_rl(tmp_path, offload=True))
+    with pytest.raises(ValueError, match="learner.strategy: fsdp2 does not shard one yet"):
+        PipelineConfig.model_validate({"run_dir": str(tmp_path / "r"),
+                                       "rl": {"learner": {"strategy": "fsdp2"}, "lora": {"enabled": True}}})
+    with pytest.raises(ValueError, match="learner.processes > 1 runs its other ranks as Ray actors"):
+        PipelineConfig.model_validate(_rl(tmp_path, processes=2, strategy="fsdp2"))
+    with pytest.raises(ValueError, match="unknown learner strategy 'zero3'; registered: ddp, fsdp2"):
+        PipelineConfig.model_validate(_rl(tmp_path, strategy="zero3"))
+    cfg = PipelineConfig.model_validate(_rl(tmp_path, strategy="fsdp2", offload=True))
+    assert cfg.rl.learner.processes == 1  # a sharded group of one: offload on one device
 
 
 def test_a_learner_that_fails_to_start_leaves_no_process_group(tmp_path, monkeypatch):
     """A sharded learner that fails after its group started (here: sharding itself) closes the
     group, so the stage's retry in the same process can start a new one."""
-    from functools import partial
-
     import torch.distributed as dist
 
-    from hindsight.coordination.roles import start_learner_group
+    from hindsight.coordination.learner_group import start_learner_group
     from hindsight.learning.learner import Learner
     from hindsight.models.tiny import build_tiny_qwen2
     from hindsight.state.checkpoint import CheckpointManager
 
     init = str(build_tiny_qwen2(tmp_path / "init", hidden=16, layers=1, heads=2, kv_heads=1))
-    cfg = PipelineConfig.model_validate(_rl(tmp_path, learner_strategy="fsdp2"))
+    cfg = PipelineConfig.model_validate(_rl(tmp_path, strategy="fsdp2"))
 
     def broken(*_a, **_k):
         assert dist.is_initialized()  # the group of one is up when sharding starts
         raise RuntimeError("no memory for the shards")
 
-    monkeypatch.setattr(sharding, "shard", broken)
+    monkeypatch.setattr(Sharded, "_shard", broken)
     with pytest.raises(RuntimeError, match="no memory for the shards"):
-        Learner(cfg, init, None, CheckpointManager(tmp_path / "ck"), None, 0, start_group=partial(start_learner_group, cfg, 0))
+        Learner(cfg, init, None, CheckpointManager(tmp_path / "ck"), None, 0,
+                start_group=start_learner_group(cfg, 0, init, False))
     assert not dist.is_initialized()

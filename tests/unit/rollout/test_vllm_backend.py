@@ -10,7 +10,7 @@ from hindsight.data.demo import build_demo_data
 from hindsight.errors import ConfigError
 from hindsight.models.tiny import build_tiny_model
 from hindsight.coordination.run import RLRun
-from hindsight.rollout import vllm as vllm_backend
+from hindsight.rollout.engines import vllm as vllm_backend
 from hindsight.rollout.hf import sample_groups
 
 
@@ -26,11 +26,11 @@ def test_experience_from_samples_pads_like_the_hf_backend():
 def test_clear_error_where_vllm_cannot_run(monkeypatch):
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"rl.rollout.backend: vllm cannot run: vLLM is not installed"):
-        vllm_backend.require_vllm()
+        vllm_backend.VLLM.require()
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
-        vllm_backend.require_vllm()
+        vllm_backend.VLLM.require()
 
 
 class StandInEngine:
@@ -73,7 +73,7 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
     from hindsight.models.load import load_causal_lm
 
     engine = StandInEngine(load_causal_lm(init))
-    run.rollouts.workers[0].engine = engine
+    monkeypatch.setattr(vllm_backend, "VLLMEngine", lambda *a, **k: engine)  # what the registered engine drives
     for step in range(2):
         run.rollout(step), run.score(step), run.update(step)
     assert engine.loads == 2  # before step 0 (policy from checkpoint) and after the step-0 update
@@ -94,7 +94,7 @@ class NucleusEngine(StandInEngine):
         return exp
 
 
-def _nucleus_run(tmp_path, **rl):
+def _nucleus_run(tmp_path, monkeypatch, **rl):
     build_demo_data(tmp_path / "data", seed=0)
     init = str(build_tiny_model(tmp_path / "init", hidden=32, layers=1, heads=2))
     cfg = PipelineConfig.model_validate({
@@ -106,13 +106,14 @@ def _nucleus_run(tmp_path, **rl):
     run = RLRun(cfg, init, None)
     from hindsight.models.load import load_causal_lm
 
-    run.rollouts.workers[0].engine = NucleusEngine(load_causal_lm(init))
+    engine = NucleusEngine(load_causal_lm(init))
+    monkeypatch.setattr(vllm_backend, "VLLMEngine", lambda *a, **k: engine)
     run.rollout(0), run.score(0)
     return run
 
 
-def test_the_ratio_is_anchored_on_the_learner_not_on_the_engines_renormalised_logprobs(tmp_path):
-    run = _nucleus_run(tmp_path)
+def test_the_ratio_is_anchored_on_the_learner_not_on_the_engines_renormalised_logprobs(tmp_path, monkeypatch):
+    run = _nucleus_run(tmp_path, monkeypatch)
     metrics = run.update(0)
     assert abs(metrics["ratio_mean/iter0"] - 1.0) < 1e-5  # it was the nucleus mass, 0.72
     row = run.store.read("rollouts", 0)[0]
@@ -121,8 +122,8 @@ def test_the_ratio_is_anchored_on_the_learner_not_on_the_engines_renormalised_lo
     run.close()
 
 
-def test_truncated_importance_sampling_weights_the_engine_gap(tmp_path):
-    run = _nucleus_run(tmp_path, **{"async": {"is_correction": "tis", "is_cap": 2.0}})
+def test_truncated_importance_sampling_weights_the_engine_gap(tmp_path, monkeypatch):
+    run = _nucleus_run(tmp_path, monkeypatch, **{"async": {"is_correction": "tis", "is_cap": 2.0}})
     metrics = run.update(0)
     # w = min(exp(learner - engine), cap) = 0.72 on every token
     assert abs(metrics["is/mean"] - 0.72) < 1e-4 and abs(metrics["is/max"] - 0.72) < 1e-4

@@ -77,7 +77,7 @@ def test_per_reward_args_and_unique_metric_names():
 def test_yaml_args_reach_the_reward(tmp_path):
     cfg = PipelineConfig.model_validate({"rl": {"rewards": [
         {"fn": "rewards.format:regex_reward", "args": {"pattern": "^x$"}, "name": "just_x"}]}})
-    res = score_completions(cfg.rl.rewards, ["x", "y"], {})
+    res = score_completions(cfg.rl.scoring.rewards, ["x", "y"], {})
     assert res.per_fn == {"just_x": [1.0, 0.0]}
 
 

@@ -143,7 +143,7 @@ def test_a_sharded_learner_state_is_one_component_with_its_checksums(tmp_path):
         return write
 
     for step in (2, 4, 6):
-        ck.save(step, model, tok, extra={}, sharded_state=shards(step))
+        ck.save(step, model, tok, extra={}, state_writer=shards(step))
     root = tmp_path / "ck"
     assert sorted(p.name for p in (root / "learner_state").iterdir()) == ["step-000004", "step-000006"]
     assert not (root / "optimizer").exists()

@@ -4,7 +4,7 @@ One engine stays resident for the whole RL stage, in vLLM's default layout: its 
 (and the model) in a process of its own. After each update the policy's new weights are pushed
 into it in place, never through disk and never restarting it: a bucket at a time through
 `LLM.collective_rpc` naming a method by its name (`hindsight_load_weights`, added to vLLM's
-worker by `rollout.vllm_weights.WeightReceiver` through vLLM's `worker_extension_cls`), with
+worker by `rollout.engines.vllm_weights.WeightReceiver` through vLLM's `worker_extension_cls`), with
 plain tensors as arguments, which vLLM's own serializer carries across the process boundary.
 (A callable sent through `collective_rpc` needs pickling, which vLLM 0.33 refuses unless
 VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine's model is not reachable in this process.)
@@ -13,6 +13,9 @@ Log-probs come back from vLLM processed by temperature and top-p
 the training model (the ratio's anchor) and keeps these only for the optional truncated
 importance-sampling weight. Not run on the CPU development machine: `bench/gpu_check.sh`
 exercises it on a GPU.
+
+`VLLM` is the engine as the registry knows it (`rl.rollout.backend: vllm`, its block
+`rl.rollout.vllm`); `VLLMEngine` is the resident vLLM `LLM` it drives.
 """
 from __future__ import annotations
 
@@ -20,11 +23,20 @@ import importlib.util
 
 import torch
 
-from hindsight.buckets import by_size
+from pydantic import Field
+
 from hindsight.data.chat import prompt_text
-from hindsight.errors import ConfigError
 from hindsight.experience import Experience, pad_left, pad_right
 from hindsight.models.lora import engine_parameters
+from hindsight.rollout.engines.base import Engine, EngineSettings, register
+from hindsight.transport.vllm import VLLMSender
+
+
+class VLLMSettings(EngineSettings):
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1,
+                                          description="share of the GPU vLLM may take; the learner needs the rest")
+    max_model_len: int = Field(2048, ge=16)
+    dtype: str = Field("auto", description="vLLM's dtype; auto follows the checkpoint")
 
 
 def vllm_problem() -> str | None:
@@ -36,28 +48,50 @@ def vllm_problem() -> str | None:
     return None
 
 
-def require_vllm() -> None:
-    problem = vllm_problem()
-    if problem:
-        raise ConfigError(f"rl.rollout.backend: vllm cannot run: {problem}")
+@register
+class VLLM(Engine):
+    name = "vllm"
+    Settings = VLLMSettings
+    not_sampling = ("gpu_memory_utilization", "max_model_len", "dtype")  # as before the registry: resumable
+
+    @classmethod
+    def problem(cls) -> str | None:
+        return vllm_problem()
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        v = ctx.settings
+        self.engine = VLLMEngine(ctx.init_path, v.dtype, ctx.seed, v.gpu_memory_utilization, v.max_model_len,
+                                 ctx.bucket_mb)
+
+    def load_weights(self, policy) -> None:
+        self.engine.load_weights(policy)
+
+    def sample(self, prompts: list, seeds: list[int], group_size: int):
+        (prompt,), (seed,) = prompts, seeds  # one group a call: vLLM batches inside the engine
+        r = self.ctx.rollout
+        return self.engine.generate(self.ctx.tok, [prompt], group_size, r.max_new_tokens, r.temperature, r.top_p,
+                                    seed=seed, stop_ids=self.ctx.stop_ids)
 
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int,
                  bucket_mb: float = 512.0):
-        require_vllm()
+        VLLM.require()
         from vllm import LLM
 
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.version = 0
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                        worker_extension_cls=WEIGHT_RECEIVER)
+        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters)
 
     def load_weights(self, model) -> None:
-        """Push the policy's current weights into the resident engine (no restart, no disk)."""
-        for bucket in weight_buckets(engine_parameters(model), self.bucket_bytes):  # a LoRA policy's merged weights
-            self.llm.collective_rpc("hindsight_load_weights", args=(bucket,))
-        self.llm.reset_prefix_cache()
+        """Push the policy's current weights into the resident engine (no restart, no disk), a
+        bucket at a time; a LoRA policy's merged weights."""
+        self.version += 1
+        self.sender.publish(self.version, model)
 
     @torch.no_grad()
     def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
@@ -90,10 +124,4 @@ def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[
     return Experience(p_ids, p_mask, c_ids, c_mask, lp * c_mask, group_size)
 
 
-WEIGHT_RECEIVER = "hindsight.rollout.vllm_weights.WeightReceiver"
-
-
-def weight_buckets(weights: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """(name, tensor) pairs as CPU tensors in buckets of about `bucket_bytes` (`buckets.by_size`),
-    the arguments of one `collective_rpc` each."""
-    return [[(name, w.detach().to("cpu").contiguous()) for name, w in bucket] for bucket in by_size(weights, bucket_bytes)]
+WEIGHT_RECEIVER = "hindsight.rollout.engines.vllm_weights.WeightReceiver"

@@ -1,0 +1,88 @@
+"""One learner rank: built the same way on every rank of the learner group, whatever its
+strategy. Rank 0 is the stage's own process (`learner.Learner` holds it, with the serving copy
+and the handle on its peers); a peer is a `LearnerRank` in a Ray actor, its methods called by
+rank 0 alongside its own (`alongside`), so every collective runs on all ranks in the same order.
+
+The build is four steps, in this order on every rank: the strategy joins the process group and
+builds the models (`strategy.build`: a sharded rank on the meta device, reading only its
+slices), makes them agree (`strategy.prepare`: replicated ranks take rank 0's weights), the
+optimizers are made, and the resume state is read (`strategy.load`).
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+
+from hindsight.experience import Experience
+from hindsight.faults import crash_point
+from hindsight.learning.build import build_critic, build_optimizer, build_policy
+from hindsight.learning.strategies import get_strategy
+from hindsight.learning.update import learner_settings, update
+
+
+class LearnerRank:
+    def __init__(self, rank: int, world: int, init_method: str | None, rl, model_cfg, sources: dict, pad_id: int,
+                 seed: int, base: str | None = None, resume: bool = False):
+        """`sources`: the strategy's (`Strategy.sources`); `base` and `resume`: a LoRA policy's
+        base model and whether its adapter is read back from `sources["policy"]`."""
+        self.rank, self.world, self.steps = rank, world, 0
+        self.settings = learner_settings(rl)
+        self.strategy = get_strategy(rl.learner.strategy)(rank, world, rl.learner)
+        self.strategy.join(init_method, rl.workers.lease_ttl_s)
+        self.critic = self.critic_optimizer = None
+        try:
+            self.policy = self.strategy.build(partial(build_policy, model_cfg=model_cfg, rl=rl, base=base, seed=seed,
+                                                      resume=resume), sources["policy"])
+            if sources.get("critic") is not None:
+                self.critic = self.strategy.build(partial(build_critic, model_cfg=model_cfg, rl=rl, pad_id=pad_id,
+                                                          seed=seed), sources["critic"])
+            self.strategy.prepare(self.policy, self.critic)
+            self.optimizer = build_optimizer(self.policy, rl.learner.lr)
+            if self.critic is not None:
+                self.critic_optimizer = build_optimizer(self.critic, self.settings.algorithm_settings.critic_lr)
+            self.strategy.load(sources, self.parts())
+        except BaseException:  # a half-started rank would hold the process group for the retry
+            self.strategy.leave()
+            raise
+
+    def parts(self) -> dict[str, tuple]:
+        """Each trained model with its optimizer: what the resume state holds."""
+        parts = {"policy": (self.policy, self.optimizer)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic, self.critic_optimizer)
+        return parts
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train(self, exp: Experience) -> dict:
+        """This rank's part of one update on the batch (every rank holds all of it)."""
+        return update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
+                      share=self.strategy)
+
+    # --- what rank 0 calls on a peer, alongside its own call --------------------------------
+    def ready(self) -> int:
+        return self.rank
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def update(self, batch: dict, lr: float) -> None:
+        self.set_lr(lr)  # rank 0's rate, alerts' cuts included
+        crash_point(f"learner{self.rank}", self.steps)
+        self.steps += 1
+        self.train(Experience(**batch))
+
+    def publish(self, bucket_bytes: int) -> None:
+        """Take part in bringing rank 0's serving copy up to date (a peer keeps none)."""
+        self.strategy.publish(self.policy, None, bucket_bytes)
+
+    def gather(self, which: str) -> None:
+        self.strategy.full_state(self.policy if which == "policy" else self.critic, which)
+
+    def save(self, folder: str) -> None:
+        self.strategy.save_shards(folder, self.parts())
+
+    def close(self) -> None:
+        self.strategy.leave()

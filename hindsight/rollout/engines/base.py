@@ -1,0 +1,94 @@
+"""A rollout engine: what samples a rollout worker's groups. An engine is one class, registered
+with `@register` in a file of this package and imported in `__init__`; from the registry come
+the config's choice (`rl.rollout.backend` takes its name, `rl.rollout.<name>` holds its
+`Settings`), the stage's preflight (`problem`) and the resume fingerprint (`not_sampling`: the
+settings that change no sampled token).
+
+An engine samples `group_size` completions of each prompt, group i from seeds[i], and returns
+the batch the learner trains on (`Experience`): prompts left-padded, completions right-padded,
+the behaviour log-probs of the sampled tokens. An engine whose log-probs are not the training
+model's own forward (another kernel, another dtype) says so (`recompute_logprobs`): the worker
+recomputes them with the training model, the ratio's anchor, and keeps the engine's for the
+optional importance weight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from hindsight.errors import ConfigError
+
+
+class EngineSettings(BaseModel):
+    """An engine's own block under `rl.rollout.<name>`; unknown keys fail like everywhere else."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineContext:
+    """What an engine is built from: the worker's policy and tokenizer, the rollout section and
+    its own settings block, the run's seed, the folder the policy started from, and the
+    token budget of a forward (`rl.learner.micro_batch_tokens`)."""
+    policy: object
+    tok: object
+    rollout: object
+    settings: EngineSettings | None
+    seed: int
+    init_path: str
+    bucket_mb: float
+    budget: int | None
+    stop_ids: tuple[int, ...]
+
+
+class Engine:
+    name: ClassVar[str]
+    Settings: ClassVar[type[EngineSettings] | None] = None
+    batches_groups: ClassVar[bool] = False     # samples rollout.groups_per_batch groups in one call
+    recompute_logprobs: ClassVar[bool] = True  # its log-probs are not the training model's forward
+    not_sampling: ClassVar[tuple[str, ...]] = ()  # keys of its block that change no sampled token
+
+    @classmethod
+    def problem(cls) -> str | None:
+        """Why it cannot run on this machine (a missing package or device), or None."""
+        return None
+
+    @classmethod
+    def require(cls) -> None:
+        problem = cls.problem()
+        if problem:
+            raise ConfigError(f"rl.rollout.backend: {cls.name} cannot run: {problem}")
+
+    def __init__(self, ctx: EngineContext):
+        self.ctx = ctx
+
+    def load_weights(self, policy) -> None:
+        """The policy moved (a new weights version): sample from `policy` from now on."""
+        raise NotImplementedError
+
+    def sample(self, prompts: list, seeds: list[int], group_size: int):
+        """`group_size` completions of each prompt, group i seeded by seeds[i] -> Experience."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what the engine holds (a GPU engine's memory)."""
+
+
+ENGINES: dict[str, type[Engine]] = {}
+
+
+def register(cls: type[Engine]) -> type[Engine]:
+    ENGINES[cls.name] = cls
+    return cls
+
+
+def unregister(name: str) -> None:
+    ENGINES.pop(name, None)
+
+
+def get_engine(name: str) -> type[Engine]:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown rollout engine {name!r}; registered: {', '.join(sorted(ENGINES))}") from None

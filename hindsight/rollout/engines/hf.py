@@ -1,0 +1,26 @@
+"""`hf`: hindsight's batched sampler (`rollout.hf.sample_groups`) on the worker's own policy,
+in its process, on a CPU or a GPU. It samples a batch of groups at once, one prefill per prompt,
+and its behaviour log-probs are the training model's own forward, so nothing is recomputed."""
+from __future__ import annotations
+
+from hindsight.rollout.engines.base import Engine, register
+from hindsight.rollout.hf import sample_groups
+
+
+@register
+class HF(Engine):
+    name = "hf"
+    batches_groups = True
+    recompute_logprobs = False
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.policy = ctx.policy
+
+    def load_weights(self, policy) -> None:
+        self.policy = policy  # the worker's model itself: nothing to copy
+
+    def sample(self, prompts: list, seeds: list[int], group_size: int):
+        r = self.ctx.rollout
+        return sample_groups(self.policy, self.ctx.tok, prompts, seeds, group_size, r.max_new_tokens, r.temperature,
+                             r.top_p, r.logprobs, self.ctx.budget)

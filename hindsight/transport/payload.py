@@ -1,0 +1,71 @@
+"""What moves: a weights version. A payload carries the tensors (detached CPU copies) with a
+checksum over their names, dtypes, shapes and bytes, or, in process, the model object itself.
+A receiver checks the checksum before it loads anything, so a flipped bit or a torn message is
+refused (`CorruptWeights`), never trained on."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+
+class CorruptWeights(ValueError):
+    """A payload whose tensors do not match its checksum."""
+
+
+@dataclass(frozen=True)
+class WeightVersion:
+    version: int
+    tensors: dict[str, torch.Tensor] | None = None  # name -> tensor; None when `shared`
+    sha256: str | None = None
+    shared: object | None = None                     # in process: the sender's model itself
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.tensors or {}).values())
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over each tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def full_version(version: int, state: dict[str, torch.Tensor]) -> WeightVersion:
+    """Every tensor of `state`, copied to the CPU (a clone: tied weights share memory, and the
+    sender goes on training its own)."""
+    tensors = {k: v.detach().to("cpu").clone() for k, v in state.items()}
+    return WeightVersion(version, tensors, checksum(tensors))
+
+
+def verified(payload: WeightVersion) -> dict[str, torch.Tensor]:
+    """The payload's tensors, once they match its checksum."""
+    if payload.tensors is None:
+        raise CorruptWeights(f"weights version {payload.version} carries no tensors")
+    got = checksum(payload.tensors)
+    if got != payload.sha256:
+        raise CorruptWeights(f"weights version {payload.version}: checksum {got[:12]}… does not match the "
+                             f"{str(payload.sha256)[:12]}… it was sent with: refused")
+    return payload.tensors
+
+
+def to_bytes(payload: WeightVersion) -> tuple[dict, bytes]:
+    """(a JSON header, safetensors bytes) for a byte stream; no pickle."""
+    from safetensors.torch import save
+
+    return {"version": payload.version, "sha256": payload.sha256}, save(payload.tensors)
+
+
+def from_bytes(header: dict, data: bytes) -> WeightVersion:
+    from safetensors.torch import load
+
+    try:
+        tensors = load(data)
+    except Exception as exc:  # a torn or garbled message: the checksum cannot even be computed
+        raise CorruptWeights(f"weights version {header.get('version')}: unreadable ({type(exc).__name__})") from None
+    return WeightVersion(int(header["version"]), tensors, header.get("sha256"))
