@@ -17,8 +17,8 @@ The verdict is the last `score: X` in the judge's answer, X in [min_score, max_s
 the RL scorer gives it the fallback and counts it (`reward/failures/judge`), and a judge that
 fails on every completion stops the run (`rl.scoring.failure_stop`).
 
-Verdicts are cached in `cache_dir` (default `judge/` under the run context's `cache_dir`, the
-RL stage's folder, which the scorer hands to a reward that names a `run_context` parameter),
+Verdicts are cached in `cache_dir` (default the run context's `cache_for("judge")`, under the RL
+stage's folder: the scorer hands the context to a reward that names a `run_context` parameter),
 keyed by the judge model, the rubric and the filled-in text: a resumed run or a re-score does
 not ask twice. The key comes from the environment variable `api_key_env` names,
 never from the YAML.
@@ -131,7 +131,7 @@ def judge(completions, prompts=None, *, base_url: str, model: str, rubric: str, 
     """One verdict per completion (None: unparseable or unanswered), gated by a rule reward if set."""
     _check(rubric, gate_mode, concurrency, api_key_env, columns)
     api_key = os.environ.get(api_key_env) if api_key_env else None
-    cache = VerdictCache.at(cache_dir or (str(Path(run_context.cache_dir) / "judge") if run_context else None))
+    cache = VerdictCache.at(cache_dir or (run_context.cache_for("judge") if run_context else None))
     prompts = prompts if prompts is not None else [None] * len(completions)
     names = [k for k in columns if isinstance(columns[k], list) and len(columns[k]) == len(completions)]
     texts = [render(rubric, p, c, {k: columns[k][i] for k in names}) for i, (p, c) in enumerate(zip(prompts, completions))]

@@ -18,11 +18,12 @@ import time
 import uuid
 from pathlib import Path
 
+from hindsight.state.rundir import RunDir
+
 from hindsight.state.fsutil import append_line, atomic_write_json, read_json
 
 log = logging.getLogger("hindsight.tracking")
 RETRY_S = 30.0
-SPOOL_DIR = "mlflow-spool"
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -35,7 +36,7 @@ def unreachable(exc: BaseException) -> bool:
 
 class Spool:
     def __init__(self, run_dir: str | Path):
-        self.dir = Path(run_dir) / SPOOL_DIR
+        self.dir = RunDir(run_dir).spool
         self.ops = self.dir / "ops.jsonl"
         self.done = self.dir / "done.json"          # how many ops of ops.jsonl are replayed
         self.registered = self.dir / "registered.json"  # run_id -> version, for registrations replayed

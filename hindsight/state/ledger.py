@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hindsight.errors import CheckpointError
 from hindsight.state.fsutil import atomic_write_json, read_json
+from hindsight.state.rundir import RLDir
 
 STATES = ("pending", "leased", "sealed", "scored", "trained")
 # the transitions the coordinator may make; leased -> pending is a lease taken back
@@ -34,7 +35,7 @@ class Entry:
 
 class Ledger:
     def __init__(self, rl_dir: str | Path):
-        self.root = Path(rl_dir) / "ledger"
+        self.root = RLDir(rl_dir).ledger
 
     def path(self, step: int) -> Path:
         return self.root / f"step-{step:06d}.json"

@@ -92,3 +92,7 @@ class RunContext:
     strings: it crosses into the guarded reward process."""
     run_dir: str
     cache_dir: str
+
+    def cache_for(self, name: str) -> str:
+        """The folder a reward or tool named `name` keeps its cache in."""
+        return str(Path(self.cache_dir) / name)

@@ -8,9 +8,12 @@ from hindsight.config import PipelineConfig
 from hindsight.coordination.run import RLRun
 
 STEPS = 3
-# 1 and 2 learners sum the gradient in a different order; Adam's first steps at lr 1e-2 turn
-# that float noise on near-zero gradients into ~2e-5 here (measured: grpo 1.9e-5, ppo 1.2e-5)
-ATOL = 1e-4
+# 1 and 2 learners sum the gradient in a different order; Adam's first step at lr 1e-2 turns that
+# float noise, on an element whose gradient is at the scale of Adam's eps, into a step of a few
+# percent of lr. Measured 1.9e-5 once; with transformers 5.24 it is 2.65e-4 on one tied-embedding
+# element after the first step, the same with the code before the strategy refactor (HEAD of
+# issue 25), and 2.65e-5 at lr 1e-3: proportional to lr, as that mechanism predicts
+ATOL = 5e-4
 
 
 

@@ -41,29 +41,26 @@ def materialize(model, path: str, device: torch.device, fresh: dict[str, torch.T
         if missing:
             raise CheckpointError(f"{path}: no safetensors file holds {', '.join(missing[:5])}: the folder does not "
                                   f"match the model its config builds")
-        handles: dict[Path, object] = {}
-        try:
-            for name, t in tensors(model):
-                _fill(t, name, fresh.get(name), files.get(name), handles)
-        finally:
-            handles.clear()
+        for name, t in tensors(model):
+            _fill(t, name, fresh.get(name), files.get(name))
 
 
-def _fill(t: torch.Tensor, name: str, full: torch.Tensor | None, file: Path | None, handles: dict) -> None:
-    """Copy this rank's rows of tensor `name` into `t` (a DTensor shard, or a whole tensor)."""
+def _fill(t: torch.Tensor, name: str, full: torch.Tensor | None, file: Path | None) -> None:
+    """Copy this rank's rows of tensor `name` into `t` (a DTensor shard, or a whole tensor). The
+    file is opened for this tensor alone: its mapped pages are released before the next one, so
+    a rank never holds more of the file than one tensor's slice."""
     local, rows = _local_rows(t)
     if local.numel() == 0:
         return
     if full is not None:
-        part = full[rows]
-    else:
-        if file not in handles:
-            from safetensors import safe_open
+        local.copy_(full[rows].reshape(local.shape).to(local.dtype))
+        return
+    from safetensors import safe_open
 
-            handles[file] = safe_open(str(file), framework="pt")
-        f = handles[file]
+    with safe_open(str(file), framework="pt") as f:
         part = f.get_tensor(name) if rows == slice(None) else f.get_slice(name)[rows.start:rows.stop]
-    local.copy_(part.reshape(local.shape).to(local.dtype))
+        local.copy_(part.reshape(local.shape).to(local.dtype))
+        del part
 
 
 def _local_rows(t: torch.Tensor) -> tuple[torch.Tensor, slice]:

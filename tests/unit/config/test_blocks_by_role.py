@@ -1,0 +1,164 @@
+"""The config's blocks by role: `rl.learner` holds every learner knob and `rl.scoring` the
+rewards; the old spellings are accepted for one release with one deprecation line each, in a
+file, in `--set` and in a sweep alike; a key given both ways is refused. And no learner knob can
+escape the resume fingerprint: every config value the learner's settings read changes it."""
+import logging
+import typing
+
+import pytest
+from pydantic import BaseModel
+
+from hindsight.config import LearnerConfig, PipelineConfig, load_config
+from hindsight.config.legacy import MOVED
+from hindsight.errors import ConfigError
+from hindsight.learning.update import learner_settings
+from hindsight.rollout.engines import ENGINES
+from hindsight.state.fingerprint import run_fingerprint
+
+# a valid value for each moved key, away from its default
+VALUES = {"lr": 0.5, "clip_eps_low": 0.1, "clip_eps_high": 0.3, "clip_ratio_c": 3.0, "loss_agg": "token_mean",
+          "num_iterations": 2, "mini_batch_size": 16, "micro_batch_tokens": 64, "max_grad_norm": 0.5,
+          "entropy_coef": 0.01, "disable_dropout": False, "learner": 1, "learner_strategy": "fsdp2",
+          "learner_offload": True, "publish_bucket_mb": 8.0, "rewards": [{"fn": "rewards.format:number_only"}],
+          "reward_model_weight": 0.5, "reward_fallback": -1.0, "reward_failure_stop": 0.5, "reward_timeout_s": 9.0,
+          "reward_isolation": "inline"}
+
+
+def _dig(model, path):
+    for part in path:
+        model = getattr(model, part)
+    return model
+
+
+@pytest.mark.parametrize("old", list(MOVED), ids=".".join)
+def test_an_old_key_lands_in_its_block_and_says_so_once(old, caplog):
+    new, value = MOVED[old], VALUES[old[-1]]
+    rl = {old[0]: {old[1]: value}} if len(old) == 2 else {old[0]: value}
+    if old[-1] == "learner_offload":
+        rl["workers"]["learner_strategy"] = "fsdp2"
+    with caplog.at_level(logging.WARNING, logger="hindsight"):
+        cfg = PipelineConfig.model_validate({"rl": rl})
+    got = _dig(cfg.rl, new)
+    assert (got == value) if old[-1] != "rewards" else (got[0].fn == value[0]["fn"])
+    said = [r.getMessage() for r in caplog.records if ".".join(("rl", *old)) + " is deprecated" in r.getMessage()]
+    assert said == [f"rl.{'.'.join(old)} is deprecated: write rl.{'.'.join(new)} (the old key is accepted until "
+                    f"hindsight 0.3)"]
+
+
+def test_a_key_given_both_ways_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rl:\n  lr: 0.1\n  learner:\n    lr: 0.2\n")
+    with pytest.raises(ConfigError, match="rl.lr and rl.learner.lr are both set: keep rl.learner.lr"):
+        load_config(path)
+
+
+def test_set_takes_the_old_spelling_onto_a_file_written_with_blocks(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text("rl:\n  learner: {lr: 0.1}\n  scoring: {isolation: inline}\n")
+    with caplog.at_level(logging.WARNING, logger="hindsight"):
+        cfg = load_config(path, ["rl.lr=0.3", "rl.reward_timeout_s=5", "rl.workers.learner_strategy=fsdp2"])
+    assert cfg.rl.learner.lr == 0.3 and cfg.rl.scoring.timeout_s == 5 and cfg.rl.learner.strategy == "fsdp2"
+    assert cfg.rl.scoring.isolation == "inline"
+    assert sum("is deprecated" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_an_error_on_an_old_key_names_it_as_written(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\nrl:\n  steps: 2\n  reward_timeout_s: -1\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:4: rl.reward_timeout_s: Input should be greater than 0"):
+        load_config(path)
+
+
+# --- the fingerprint holds every learner knob ------------------------------------------------
+class Reads:
+    """A config seen through a recorder: every leaf value read through it is noted by its path."""
+
+    def __init__(self, model, path, seen):
+        self._model, self._path, self._seen = model, path, seen
+
+    def __getattr__(self, name):
+        value = getattr(self._model, name)
+        if callable(value) and not isinstance(value, BaseModel):  # rl.algorithm_settings(): its block
+            return lambda *a, **k: Reads(value(*a, **k), (*self._path, self._model.algorithm), self._seen)
+        if isinstance(value, BaseModel):
+            return Reads(value, (*self._path, name), self._seen)
+        self._seen.add((*self._path, name))
+        return value
+
+
+def _candidates(model_cls, name, current):
+    """Other valid values for a field: from a Literal's choices, or near its current value."""
+    ann = model_cls.model_fields[name].annotation
+    if typing.get_origin(ann) is typing.Literal:
+        return [v for v in typing.get_args(ann) if v != current]
+    if isinstance(current, bool):
+        return [not current]
+    if isinstance(current, (int, float)):
+        return [v for v in (current * 2, current + 1, current / 2, 1.5) if v != current]
+    if current is None:
+        return [16, 64, 3.0, 0.5]
+    return ["rloo"] if name == "algorithm" else []
+
+
+def _as_dumped(model, path) -> tuple:
+    """A field path in the names the config's dump uses (its aliases: rl.async, rl.kl.in)."""
+    out = []
+    for part in path:
+        field = type(model).model_fields.get(part)
+        out.append(field.alias if field is not None and field.alias else part)
+        model = getattr(model, part)
+    return tuple(out)
+
+
+def _with(raw: dict, path, value) -> dict:
+    node = raw
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return raw
+
+
+def test_every_value_the_learner_reads_is_in_the_resume_fingerprint(tmp_path):
+    base = PipelineConfig.model_validate({"run_dir": str(tmp_path / "r"), "data": {"prompts": __file__},
+                                          "rl": {"samples_per_prompt": 8}})
+    seen: set = set()
+    learner_settings(Reads(base.rl, ("rl",), seen))
+    assert ("rl", "learner", "max_grad_norm") in seen and ("rl", "rollout", "temperature") in seen and len(seen) > 12
+
+    def fingerprint(cfg):
+        return run_fingerprint(cfg, "init", None, lambda spec: "src", ENGINES)
+
+    before = fingerprint(base)
+    for path in sorted(seen):
+        owner = _dig(base, path[:-1])
+        tried = []
+        for value in _candidates(type(owner), path[-1], getattr(owner, path[-1])):
+            raw = _with(base.model_dump(mode="json", by_alias=True), _as_dumped(base, path), value)
+            try:
+                changed = PipelineConfig.model_validate(raw)
+            except ValueError:
+                continue
+            tried.append(value)
+            assert fingerprint(changed) != before, f"{'.'.join(path)} = {value!r} leaves the fingerprint unchanged"
+            break
+        assert tried, f"no valid other value found for {'.'.join(path)}"
+
+
+@pytest.mark.parametrize("field", list(LearnerConfig.model_fields))
+def test_each_learner_knob_is_in_the_training_section(field, tmp_path):
+    base = PipelineConfig.model_validate({"run_dir": str(tmp_path / "r"), "data": {"prompts": __file__},
+                                          "rl": {"samples_per_prompt": 8, "learner": {"strategy": "fsdp2"},
+                                                 "workers": {"placement": "ray"}}})
+    current = getattr(base.rl.learner, field)
+    for value in _candidates(LearnerConfig, field, current) or ["ddp"]:
+        raw = base.model_dump(mode="json", by_alias=True)
+        raw["rl"]["learner"][field] = value
+        try:
+            changed = PipelineConfig.model_validate(raw)
+        except ValueError:
+            continue
+        a = run_fingerprint(base, "i", None, lambda s: "x", ENGINES)["training"]
+        b = run_fingerprint(changed, "i", None, lambda s: "x", ENGINES)["training"]
+        assert a != b
+        return
+    pytest.fail(f"no valid other value for rl.learner.{field}")
