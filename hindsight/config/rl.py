@@ -209,7 +209,7 @@ class RLConfig(Strict):
     @model_validator(mode="after")
     def _consistent(self):
         if not self.scoring.rewards and self.scoring.reward_model_weight == 0:
-            raise ValueError("rl needs at least one reward function or reward_model_weight > 0")
+            raise ValueError("rl.scoring needs at least one reward function or reward_model_weight > 0")
         if self.async_.max_staleness:
             # a further dynamic-sampling round needs the step's scores before sampling again, and
             # the Ray pool and the accelerate relaunch have their own samplers: not built for k >= 1

@@ -26,6 +26,7 @@ from hindsight.errors import CheckpointError, NonFiniteError, RewardError
 from hindsight.experience import advantage_rows, experience_from_rows
 from hindsight.faults import crash_point
 from hindsight.learning.learner import Learner
+from hindsight.learning.strategies import get_strategy
 from hindsight.lookback.alerts import Alert, AlertMonitor
 from hindsight.lookback.history import MetricsLog, truncate_rows_after
 from hindsight.lookback.metrics import peak_memory, rollout_metrics
@@ -54,6 +55,7 @@ class RLRun:
         for call in self.rl.scoring.rewards:
             check_reward(call.fn, call.args)  # an unimportable reward, or one that cannot run here, fails now
         start = self.ckpt.intact_step()  # a corrupt newest version falls back to the newest intact one
+        get_strategy(self.rl.learner.strategy).check_resume(self.ckpt, start)  # before anything is written
         self.start_step = start or 0
         self.fingerprint = run_fingerprint(cfg, init_path, rm_path, reward_source_hash, ENGINES)
         self.resume_changes = prepare_resume(self.paths, self.fingerprint, self.start_step, self.rl.steps)

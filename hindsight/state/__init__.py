@@ -1,5 +1,5 @@
 """State on disk.
 
-The rollout store, the group ledger, checkpoints, the run fingerprint, the run lock and atomic
-file writes.
+The run directory as one object (`rundir`), the rollout store, the group ledger, checkpoints,
+the run fingerprint, the run lock and atomic file writes.
 """

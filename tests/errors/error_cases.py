@@ -128,12 +128,12 @@ def _(ws, tmp):
 
 @case("no-reward")
 def _(ws, tmp):
-    return write_text_config(tmp, "rl:\n  rewards: []\n")
+    return write_text_config(tmp, "rl:\n  scoring: {rewards: []}\n")
 
 
 @case("reward-spec")
 def _(ws, tmp):
-    return write_text_config(tmp, "rl:\n  rewards:\n    - fn: rewards.exact\n")
+    return write_text_config(tmp, "rl:\n  scoring:\n    rewards:\n      - fn: rewards.exact\n")
 
 
 @case("vllm-unavailable")
@@ -152,8 +152,8 @@ def _(ws, tmp):
 
 @case("fsdp2-with-lora")
 def _(ws, tmp):
-    workers = {"learner_strategy": "fsdp2"}
-    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", workers=workers, lora={"enabled": True}))))
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", learner={"strategy": "fsdp2"},
+                                                      lora={"enabled": True}))))
 
 
 @case("set-syntax")
@@ -212,20 +212,20 @@ def _(ws, tmp):
 
 @case("reward-unimportable")
 def _(ws, tmp):
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "no_such_module:score"}])
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "no_such_module:score"}]})
     return Case(rl_args(write_config(tmp, cfg)))
 
 
 @case("reward-not-a-function")
 def _(ws, tmp):
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "rewards.exact:no_such_fn"}])
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "rewards.exact:no_such_fn"}]})
     return Case(rl_args(write_config(tmp, cfg)))
 
 
 @case("reward-wrong-length")
 def _(ws, tmp):
     (tmp / "short_reward.py").write_text("def short(completions, **kw):\n    return [1.0]\n")
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "short_reward:short"}])
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "short_reward:short"}]})
     return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
 
 
@@ -280,9 +280,26 @@ def _(ws, tmp):
     return c
 
 
+@case("key-both-ways")
+def _(ws, tmp):
+    return write_text_config(tmp, "name: errs\nrl:\n  lr: 0.1\n  learner: {lr: 0.2}\n")
+
+
+@case("unknown-engine")
+def _(ws, tmp):
+    return write_text_config(tmp, "rl:\n  rollout: {backend: sglang}\n")
+
+
+@case("resume-other-strategy")
+def _(ws, tmp):
+    """The stored run's learner was replicated (ddp): its optimizer state is one file, which a
+    sharded learner cannot read, so the resume is refused before anything is written."""
+    return stored_run(ws, tmp, steps=4, learner={"strategy": "fsdp2"})
+
+
 @case("resume-finished-changed")
 def _(ws, tmp):
-    return stored_run(ws, tmp, lr=5e-4)
+    return stored_run(ws, tmp, learner={"lr": 5e-4})
 
 
 @case("run-locked")
@@ -352,7 +369,7 @@ def _(ws, tmp):
 
 def _reward_case(ws, tmp, body: str, isolation: str) -> Case:
     (tmp / "bad_returns.py").write_text(f"def score(completions, **kw):\n    {body}\n")
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "bad_returns:score"}], reward_isolation=isolation)
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "bad_returns:score"}], "isolation": isolation})
     return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
 
 
@@ -373,7 +390,7 @@ def _(ws, tmp):
 
 @case("sandbox-mode-unknown")
 def _(ws, tmp):
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "rewards.code:code_tests", "args": {"sandbox": "docker"}}])
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "rewards.code:code_tests", "args": {"sandbox": "docker"}}]})
     return Case(rl_args(write_config(tmp, cfg)))
 
 
@@ -403,7 +420,7 @@ def _(ws, tmp):
 
 @case("mini-batch-partial-group")
 def _(ws, tmp):
-    cfg = base_config(ws, tmp / "run", mini_batch_size=3)
+    cfg = base_config(ws, tmp / "run", learner={"mini_batch_size": 3})
     return Case(rl_args(write_config(tmp, cfg)))
 
 
@@ -431,12 +448,12 @@ def _(ws, tmp):
 
 @case("config-non-finite")
 def _(ws, tmp):
-    return write_text_config(tmp, "name: errs\nrl:\n  lr: .inf\n")
+    return write_text_config(tmp, "name: errs\nrl:\n  learner:\n    lr: .inf\n")
 
 
 @case("reward-signature")
 def _(ws, tmp):
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "os:system"}])
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "os:system"}]})
     return Case(rl_args(write_config(tmp, cfg)))
 
 
@@ -446,7 +463,7 @@ def _(ws, tmp):
     run still registered a policy."""
     (tmp / "needs_column.py").write_text("def needs_solution(completions, solution, **kw):\n"
                                          "    return [float(c == s) for c, s in zip(completions, solution)]\n")
-    cfg = base_config(ws, tmp / "run", rewards=[{"fn": "needs_column:needs_solution"}])
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "needs_column:needs_solution"}]})
     return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
 
 
@@ -473,14 +490,14 @@ def _(ws, tmp):
 def _(ws, tmp):
     judge = {"fn": "rewards.judge:judge", "args": {"base_url": "http://127.0.0.1:1/v1", "model": "judge",
                                                    "rubric": "{prompt} {completion}: reply score: 1 or 0"}}
-    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", rewards=[judge]))))
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", scoring={"rewards": [judge]}))))
 
 
 @case("judge-key-in-yaml")
 def _(ws, tmp):
     judge = {"fn": "rewards.judge:judge", "args": {"base_url": "http://127.0.0.1:1/v1", "model": "judge",
                                                    "rubric": "{completion}", "api_key": "sk-not-here"}}
-    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", rewards=[judge]))))
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", scoring={"rewards": [judge]}))))
 
 
 @case("jsonl-line-too-long")
@@ -510,7 +527,7 @@ def _(ws, tmp):
 def _(ws, tmp):
     """rl.lr: .inf is refused as a config float; a finite lr that diverges is stopped at the step."""
     (tmp / "varied_reward.py").write_text("def varied(completions, **kw):\n    return [float(len(c) % 3) for c in completions]\n")
-    cfg = base_config(ws, tmp / "run", lr=1e30, steps=4, rewards=[{"fn": "varied_reward:varied"}])
+    cfg = base_config(ws, tmp / "run", learner={"lr": 1e30}, steps=4, scoring={"rewards": [{"fn": "varied_reward:varied"}]})
     return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
 
 

@@ -116,7 +116,7 @@ def test_a_scale_the_cluster_cannot_place_is_refused_and_the_run_keeps_its_worke
     import sys
     import threading
 
-    from hindsight.coordination.placement import request_scale, scale_outcome
+    from hindsight.coordination.scale import request_scale, scale_outcome
 
     work, path = init
     cfg = _run(work, path, tmp_path / "unused")[0].cfg.model_copy(update={"run_dir": str(tmp_path / "asked")})

@@ -16,7 +16,7 @@ STANDIN = Path(__file__).resolve().parents[1] / "standin"
 @pytest.fixture
 def engine(tmp_path, monkeypatch):
     from hindsight.models.tiny import build_tiny_qwen2
-    from hindsight.rollout import vllm as backend
+    from hindsight.rollout.engines import vllm as backend
 
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), *sys.path]))  # the engine process's imports

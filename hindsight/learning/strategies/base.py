@@ -66,6 +66,11 @@ class Strategy(Share):
         """What every rank builds from: the policy's and the critic's folders, and the resume state."""
         raise NotImplementedError
 
+    @classmethod
+    def check_resume(cls, ckpt, start: int | None) -> None:
+        """Refuse, before anything is written, a checkpoint this strategy cannot resume from (one
+        another strategy wrote)."""
+
     def build(self, make: Callable[..., torch.nn.Module], path: str) -> torch.nn.Module:
         """The model `make(path)` builds, as this rank holds it."""
         return make(path)

@@ -22,15 +22,19 @@ class Replicated(Strategy):
         """On resume the checkpoint's own folders (policy, critic) and optimizer files."""
         if not start:
             return {"policy": policy, "critic": critic}
-        if not ckpt.tensor_file(start).exists():
-            raise CheckpointError(f"{ckpt.root}: step {start} was saved by a learner whose optimizer state is not one "
-                                  f"file (a sharded one: learner_state/); resume with the strategy that wrote it, or "
-                                  f"rerun with --force to start over")
+        cls.check_resume(ckpt, start)
         out = {"policy": str(ckpt.policy_dir(start)), "optimizer": str(ckpt.tensor_file(start)),
                "critic": str(ckpt.critic_dir(start)) if critic is not None else None}
         if critic is not None:
             out["critic_optimizer"] = str(ckpt.tensor_file(start, "critic_optimizer"))
         return out
+
+    @classmethod
+    def check_resume(cls, ckpt, start: int | None) -> None:
+        if start and not ckpt.tensor_file(start).exists() and ckpt.learner_state_dir(start).is_dir():
+            raise CheckpointError(f"{ckpt.root}: step {start} was saved by a sharded learner (its state is under "
+                                  f"learner_state/, not one optimizer file); resume with rl.learner.strategy: fsdp2, "
+                                  f"or rerun with --force to start over")
 
     def prepare(self, *models) -> None:
         if self.world == 1:

@@ -42,12 +42,16 @@ class Sharded(Strategy):
         and the shards of the resume state."""
         if not start:
             return {"policy": policy, "critic": critic}
-        state = ckpt.learner_state_dir(start)
-        if not state.is_dir():
-            raise CheckpointError(f"{ckpt.root}: step {start} was saved by a learner that is not sharded (no "
-                                  f"{state.name} under learner_state/); resume with the strategy that wrote it, "
-                                  f"or rerun with --force to start over")
-        return {"policy": str(ckpt.policy_dir(start)), "critic": critic, "learner_state": str(state)}
+        cls.check_resume(ckpt, start)
+        return {"policy": str(ckpt.policy_dir(start)), "critic": critic,
+                "learner_state": str(ckpt.learner_state_dir(start))}
+
+    @classmethod
+    def check_resume(cls, ckpt, start: int | None) -> None:
+        if start and not ckpt.learner_state_dir(start).is_dir():
+            raise CheckpointError(f"{ckpt.root}: step {start} was saved by a learner that is not sharded (its "
+                                  f"optimizer state is one file, not learner_state/ shards); resume with "
+                                  f"rl.learner.strategy: ddp, or rerun with --force to start over")
 
     # --- building -----------------------------------------------------------------------
     def build(self, make, path: str):
