@@ -12,10 +12,16 @@ completion and any dataset column.
           gate: "rewards.math:math_answer"   # optional: the judge checks a rule reward a second time
           gate_mode: multiply                # rule x judge, or `replace`: the judge's score where the rule passed
 
-The verdict is the last `score: X` in the judge's answer, X in [min_score, max_score], scaled to
-[0, 1]. An answer without one, a request that fails after its retries or times out, gets None:
-the RL scorer gives it the fallback and counts it (`reward/failures/judge`), and a judge that
-fails on every completion stops the run (`rl.scoring.failure_stop`).
+The completion goes to the judge between two markers that carry a random boundary (a marker
+inside the completion is escaped, and so is any line of it that reads like a verdict), so the
+judge can tell the answer it judges from the rubric around it. The verdict is exactly one line
+`score: X` of the judge's own (with `response_format: json`, a JSON object `{"score": X}`), X in
+[min_score, max_score], scaled to [0, 1]. An answer with no such line or with more than one, a
+request that fails after its retries or runs past its deadline, gets None: the RL scorer gives
+it the fallback and counts it (`reward/failures/judge`), and a judge that fails on every
+completion stops the run (`rl.scoring.failure_stop`). Each request has one deadline, connect to
+last byte, and a cap on the answer's size; a redirect to another origin is never followed
+(`rewards/http.py`), so the key is only ever sent where `base_url` points.
 
 Verdicts are cached in `cache_dir` (default the run context's `cache_for("judge")`, under the RL
 stage's folder: the scorer hands the context to a reward that names a `run_context` parameter),
@@ -31,35 +37,72 @@ import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rewards import completion_text
+from rewards.http import RequestFailed, request
 
-_SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_VERDICT = re.compile(r"^\s*\**score\**\s*[:=]\s*(-?\d+(?:\.\d+)?)\s*\**\s*$", re.IGNORECASE)
 GATE_MODES = ("multiply", "replace")
+MAX_ANSWER_BYTES = 1 << 20  # a judge's answer is a few lines; more is refused, not read
 
 
-def parse_score(answer: str, min_score: float = 0.0, max_score: float = 1.0) -> float | None:
-    """The last `score: X` of the judge's answer scaled to [0, 1]; None when there is none or X is
-    outside [min_score, max_score] (a judge's answer is never guessed at)."""
-    found = _SCORE.findall(answer or "")
-    if not found:
-        return None
-    value = float(found[-1])
-    if not min_score <= value <= max_score:
+def parse_score(answer: str, min_score: float = 0.0, max_score: float = 1.0, boundary: str | None = None,
+                json_format: bool = False) -> float | None:
+    """The judge's one verdict scaled to [0, 1], or None: no verdict, more than one, or one
+    outside [min_score, max_score] (a judge's answer is never guessed at). What the judge
+    quotes of the completion between the boundary markers is not read."""
+    text = _without_quote(answer or "", boundary)
+    if json_format:
+        value = _json_score(text)
+    else:
+        found = [m.group(1) for m in map(_VERDICT.match, text.splitlines()) if m]
+        value = float(found[0]) if len(found) == 1 else None
+    if value is None or not min_score <= value <= max_score:
         return None
     return (value - min_score) / (max_score - min_score)
 
 
-def render(rubric: str, prompt, completion, columns: dict) -> str:
-    """The rubric with `{prompt}`, `{completion}` and the row's columns filled in; a chat prompt
-    is shown one `role: content` line per turn."""
+def _json_score(text: str) -> float | None:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    value = obj.get("score") if isinstance(obj, dict) and set(obj) == {"score"} else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _without_quote(answer: str, boundary: str | None) -> str:
+    if not boundary:
+        return answer
+    begin, end = _markers(boundary)
+    while (a := answer.find(begin)) >= 0:
+        b = answer.find(end, a)
+        answer = answer[:a] + (answer[b + len(end):] if b >= 0 else "")
+    return answer
+
+
+def _markers(boundary: str) -> tuple[str, str]:
+    return f"<<<ANSWER {boundary}>>>", f"<<<END OF ANSWER {boundary}>>>"
+
+
+def delimited(completion: str, boundary: str) -> str:
+    """The completion between its markers: a marker-like sequence inside it is escaped, and so
+    is a line that reads like a verdict, so neither can pass for the judge's own."""
+    body = completion.replace("<<<", "<\\<<")
+    body = "\n".join(f"\\{line}" if _VERDICT.match(line) else line for line in body.split("\n"))
+    begin, end = _markers(boundary)
+    return f"{begin}\n{body}\n{end}"
+
+
+def render(rubric: str, prompt, completion, columns: dict, boundary: str) -> str:
+    """The rubric with `{prompt}`, `{completion}` (delimited) and the row's columns filled in; a
+    chat prompt is shown one `role: content` line per turn."""
     if isinstance(prompt, list):
         prompt = "\n".join(f"{m.get('role')}: {m.get('content', '')}" for m in prompt if isinstance(m, dict))
-    return rubric.format(prompt=prompt if prompt is not None else "", completion=completion_text(completion), **columns)
+    return rubric.format(prompt=prompt if prompt is not None else "",
+                         completion=delimited(completion_text(completion), boundary), **columns)
 
 
 class VerdictCache:
@@ -103,22 +146,26 @@ def verdict_key(model: str, rubric: str, text: str) -> str:
 
 
 def ask(base_url: str, model: str, text: str, api_key: str | None, timeout_s: float, retries: int,
-        max_tokens: int) -> str | None:
+        max_tokens: int, json_format: bool = False) -> str | None:
     """The judge's answer to one rubric, or None once `retries` retries (with exponential backoff)
-    have failed. A client error (4xx) is not retried: it would fail the same way."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                       "temperature": 0.0}).encode("utf-8")
+    have failed; each attempt has `timeout_s` from connect to last byte. A client error (4xx), a
+    refused redirect or an oversized answer is not retried: it would fail the same way."""
+    payload = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+               "temperature": 0.0}
+    if json_format:
+        payload["response_format"] = {"type": "json_object"}
+    body = json.dumps(payload).encode("utf-8")
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     for attempt in range(retries + 1):
         try:
-            request = urllib.request.Request(f"{base_url.rstrip('/')}/chat/completions", body, headers)
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return json.loads(response.read())["choices"][0]["message"]["content"] or ""
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500:
+            _, data = request("POST", f"{base_url.rstrip('/')}/chat/completions", body, headers, timeout_s,
+                              MAX_ANSWER_BYTES)
+            return json.loads(data)["choices"][0]["message"]["content"] or ""
+        except RequestFailed as exc:
+            if (exc.status is not None and 300 <= exc.status < 500) or "larger than" in str(exc):
                 return None
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
-            pass  # unreachable, timed out, or not the API's answer
+        except (ValueError, KeyError, IndexError, TypeError):
+            pass  # not the API's answer
         if attempt < retries:
             time.sleep(min(0.25 * 2 ** attempt, 4.0))
     return None
@@ -127,19 +174,25 @@ def ask(base_url: str, model: str, text: str, api_key: str | None, timeout_s: fl
 def judge(completions, prompts=None, *, base_url: str, model: str, rubric: str, api_key_env: str | None = None,
           concurrency: int = 4, timeout_s: float = 30.0, retries: int = 2, max_tokens: int = 16,
           min_score: float = 0.0, max_score: float = 1.0, gate: str | None = None, gate_mode: str = "multiply",
-          cache_dir: str | None = None, run_context=None, **columns) -> list[float | None]:
+          cache_dir: str | None = None, run_context=None, response_format: str = "text",
+          **columns) -> list[float | None]:
     """One verdict per completion (None: unparseable or unanswered), gated by a rule reward if set."""
-    _check(rubric, gate_mode, concurrency, api_key_env, columns)
+    _check(rubric, gate_mode, concurrency, api_key_env, {**columns, "response_format": response_format})
     api_key = os.environ.get(api_key_env) if api_key_env else None
     cache = VerdictCache.at(cache_dir or (run_context.cache_for("judge") if run_context else None))
     prompts = prompts if prompts is not None else [None] * len(completions)
     names = [k for k in columns if isinstance(columns[k], list) and len(columns[k]) == len(completions)]
-    texts = [render(rubric, p, c, {k: columns[k][i] for k in names}) for i, (p, c) in enumerate(zip(prompts, completions))]
+    # the boundary is derived from what it delimits (a completion cannot know it before it is
+    # written), so the same text gives the same request and a cached verdict stays valid
+    bounds = [hashlib.sha256(f"{model}|{completion_text(c)}".encode()).hexdigest()[:16] for c in completions]
+    texts = [render(rubric, p, c, {k: columns[k][i] for k in names}, bounds[i])
+             for i, (p, c) in enumerate(zip(prompts, completions))]
     keys = [verdict_key(model, rubric, t) for t in texts]
+    json_format = response_format == "json"
     answers = {k: cache.get(k) for k in keys} if cache else {}
 
     def one(i: int) -> str | None:
-        answer = ask(base_url, model, texts[i], api_key, timeout_s, retries, max_tokens)
+        answer = ask(base_url, model, texts[i], api_key, timeout_s, retries, max_tokens, json_format)
         if answer is not None and cache is not None:
             cache.put(keys[i], answer)
         return answer
@@ -151,7 +204,8 @@ def judge(completions, prompts=None, *, base_url: str, model: str, rubric: str, 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for i, answer in zip(todo, pool.map(one, todo)):
             answers[keys[i]] = answer
-    scores = [None if answers.get(k) is None else parse_score(answers[k], min_score, max_score) for k in keys]
+    scores = [None if answers.get(k) is None else parse_score(answers[k], min_score, max_score, b, json_format)
+              for k, b in zip(keys, bounds)]
     return _gated(scores, gate, gate_mode, completions, prompts, columns) if gate else scores
 
 
@@ -178,6 +232,8 @@ def _check(rubric: str, gate_mode: str, concurrency: int, api_key_env, columns: 
     if "api_key" in columns:
         raise ValueError("api_key: a key never goes in the YAML; put it in an environment variable and name that "
                          "variable in api_key_env")
+    if columns.get("response_format", "text") not in ("text", "json"):
+        raise ValueError(f"response_format: {columns['response_format']!r} is not one of text, json")
     if gate_mode not in GATE_MODES:
         raise ValueError(f"gate_mode: {gate_mode!r} is not one of {', '.join(GATE_MODES)}")
     if concurrency < 1:
@@ -198,14 +254,11 @@ def preflight(base_url: str = "", model: str = "", rubric: str = "", api_key_env
     if gate:
         _load(gate)
     api_key = os.environ.get(api_key_env) if api_key_env else None
-    request = urllib.request.Request(f"{base_url.rstrip('/')}/models",
-                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(request, timeout=5.0) as response:
-            response.read()
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ConnectionError(f"the judge at {base_url} cannot be reached ({reason}); start it, or fix "
+        request("GET", f"{base_url.rstrip('/')}/models", None,
+                {"Authorization": f"Bearer {api_key}"} if api_key else {}, 5.0, MAX_ANSWER_BYTES)
+    except RequestFailed as exc:
+        raise ConnectionError(f"the judge at {base_url} cannot be reached ({exc}); start it, or fix "
                               f"base_url") from None
 
 

@@ -84,7 +84,7 @@ class SandboxResult:
     timed_out: bool
     output_truncated: bool
     mode: str
-    answers: list[dict]            # the harness's JSON lines, in order (unparseable ones dropped)
+    answers: list[dict]            # the harness's first JSON lines, in order (unparseable ones dropped)
     memory_killed: bool = False    # the kernel killed a process of the tree at the memory limit
 
     @property
@@ -112,7 +112,8 @@ def _world_traversable(path: str) -> bool:
     return all(os.stat(d).st_mode & stat.S_IXOTH for d in [p, *p.parents])
 
 
-def _bwrap_argv(python: str, prefix: str | None, limits: Limits, channel: int, requests: int, info: int) -> list[str]:
+def _bwrap_argv(python: str, prefix: str | None, limits: Limits, role: str, channel: int, requests: int,
+                info: int) -> list[str]:
     argv = ["bwrap", "--info-fd", str(info), "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session",
             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
@@ -126,7 +127,7 @@ def _bwrap_argv(python: str, prefix: str | None, limits: Limits, channel: int, r
     # /tmp is the only place the program can write
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp",
-             python, "-I", "-c", _HARNESS, str(channel), str(requests)]
+             python, "-I", "-c", _HARNESS, role, str(channel), str(requests)]
     return argv
 
 
@@ -139,7 +140,7 @@ def isolation_problem() -> str | None:
         res = _run("pass", Limits(timeout_s=30), "bwrap")
     except SandboxUnavailable as exc:
         return str(exc)
-    if res.answers[:1] != [{"i": -1, "ok": True, "names": {}}]:
+    if res.answers[:1] != [{"op": "started", "ok": True, "names": {}}]:
         return f"bwrap cannot start a sandbox here: {res.stderr.strip()[-300:] or f'exit {res.returncode}'}"
     return None
 
@@ -166,26 +167,34 @@ def _check_mode(mode: str, limits: Limits) -> None:
 
 
 def _run(code: str, limits: Limits, mode: str) -> SandboxResult:
-    with Session(code, limits, mode, checked=True) as session:
-        session.started()
-    return session.result
+    with Sandbox("program", {"program": code, "token": secrets.token_hex(8)}, limits, mode, checked=True) as box:
+        box.next_message()
+    return box.result
 
 
-class Session:
-    """A sandboxed program kept running after its code has run, so that the judge outside can
-    call its functions (`call`) with plain-data arguments and get plain-data values back. One
-    wall-clock deadline (`timeout_s`) and one output cap hold for the whole session."""
+LINE_CAP = 4 << 20  # one message line: a value's literal (rewards.harness.VALUE_CAP) and its envelope
 
-    def __init__(self, code: str, limits: Limits = Limits(), mode: str = "bwrap", checked: bool = False):
-        if not checked:  # the isolation probe itself runs a session
+
+class Sandbox:
+    """One sandboxed harness process (`rewards/harness.py`, in `role`) and the two pipes it talks
+    over: JSON lines out of it (`next_message`), JSON lines into it (`send`). The host reads and
+    writes without blocking, so neither side can stall it; it keeps what the process printed up to
+    `output_bytes`, refuses a line longer than LINE_CAP, and stops at `deadline` (default the
+    limits' wall clock from the start; two sandboxes judging one program share one)."""
+
+    def __init__(self, role: str, request: dict, limits: Limits = Limits(), mode: str = "bwrap",
+                 checked: bool = False, deadline: float | None = None):
+        if not checked:  # the isolation probe itself runs a sandbox
             _check_mode(mode, limits)
-        self.limits, self.mode, self.result = limits, mode, None
-        self._request = json.dumps({"program": code, "limits": limits.rlimits()}).encode()
-        self._answers: dict[int, dict] = {}
+        self.role, self.limits, self.mode, self.result = role, limits, mode, None
+        self._request = json.dumps({**request, "limits": limits.rlimits()}).encode()
+        self._deadline = deadline
         self._order: list[dict] = []
+        self._inbox: list[tuple[dict, bytes]] = []
+        self._outbox = bytearray()
         self.group = None
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> "Sandbox":
         self._open()
         return self
 
@@ -199,21 +208,7 @@ class Session:
         self.workdir = tempfile.mkdtemp(prefix="hindsight-sandbox-") if self.mode == "unsafe-local" else None
         fds = (write_end, req_read, info_write)
         try:
-            if self.mode == "bwrap":
-                python, prefix = _interpreter()
-                argv, cwd = _bwrap_argv(python, prefix, self.limits, write_end, req_read, info_write), None
-                env = {"PATH": "/usr/bin:/bin"}
-            else:
-                argv, cwd = [sys.executable, "-I", "-c", _HARNESS, str(write_end), str(req_read)], self.workdir
-                env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.workdir}
-            uid = self.limits.uid_base + next(_UIDS) % 4096 if os.geteuid() == 0 and self.mode == "bwrap" else None
-            self.group = self._memory_group()
-            if self.group is not None:  # the launcher enters the group, then drops to the uid and execs
-                argv, uid = [sys.executable, "-I", "-c", _ENTER, self.group.procs, str(-1 if uid is None else uid),
-                             *argv], None
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, pass_fds=fds, start_new_session=True,
-                                         user=uid, group=uid, extra_groups=[] if uid is not None else None)
+            self.proc = self._spawn(write_end, req_read, info_write, fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -224,15 +219,31 @@ class Session:
         for fd in self.streams:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ)
-        self.deadline = time.monotonic() + self.limits.timeout_s
-        self.timed_out = self.truncated = False
+        self.deadline = self._deadline or time.monotonic() + self.limits.timeout_s
+        self.timed_out = self.truncated = self.overflowed = False
         self._exited_at = None
-        self._parsed = 0
         try:
             self.proc.stdin.write(self._request)
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
+
+    def _spawn(self, write_end: int, req_read: int, info_write: int, fds) -> subprocess.Popen:
+        if self.mode == "bwrap":
+            python, prefix = _interpreter()
+            argv, cwd = _bwrap_argv(python, prefix, self.limits, self.role, write_end, req_read, info_write), None
+            env = {"PATH": "/usr/bin:/bin"}
+        else:
+            argv, cwd = [sys.executable, "-I", "-c", _HARNESS, self.role, str(write_end), str(req_read)], self.workdir
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.workdir}
+        uid = self.limits.uid_base + next(_UIDS) % 4096 if os.geteuid() == 0 and self.mode == "bwrap" else None
+        self.group = self._memory_group()
+        if self.group is not None:  # the launcher enters the group, then drops to the uid and execs
+            argv, uid = [sys.executable, "-I", "-c", _ENTER, self.group.procs, str(-1 if uid is None else uid),
+                         *argv], None
+        return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=fds, start_new_session=True,
+                                user=uid, group=uid, extra_groups=[] if uid is not None else None)
 
     def _memory_group(self):
         """The process tree's memory cgroup, or None (`memory_scope: process`, or none can be made:
@@ -241,32 +252,51 @@ class Session:
             return None
         return cgroup.MemoryGroup(self.limits.memory_mb << 20)
 
-    def started(self) -> dict | None:
-        """The program's top-level names ({name: "callable" or a literal}) once it has run, or
-        None when it raised, exited or ran out of time."""
-        first = self._wait(-1)
-        return first.get("names", {}) if first and first.get("ok") is True else None
+    @property
+    def over(self) -> bool:
+        return self.timed_out or self.truncated or self.overflowed
 
-    def call(self, name: str, args: str, kwargs: str) -> dict:
-        """Call the program's `name` with literal args; its answer ({"value": literal} or
-        {"error": type name}), or {"error": "Unanswered"} when the session is over."""
-        nonce = secrets.randbits(62)  # a forged answer line cannot name a call it has not seen
+    def send(self, line: bytes) -> None:
+        """Queue one line for the harness; it goes as the pipe takes it."""
+        self._outbox += line if line.endswith(b"\n") else line + b"\n"
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._outbox and self.requests >= 0:
+            try:
+                n = os.write(self.requests, self._outbox[:65536])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the harness is gone: what it was sent no longer matters
+                self._outbox.clear()
+                return
+            del self._outbox[:n]
+
+    def drain(self) -> list[tuple[dict, bytes]]:
+        """The messages read so far and not yet taken."""
+        out, self._inbox = self._inbox, []
+        return out
+
+    def end_input(self) -> None:
+        """Nothing more will be sent: the harness reads the end of its input (its pending calls fail)."""
+        self._outbox.clear()
         try:
-            os.write(self.requests, (json.dumps({"i": nonce, "name": name, "args": args, "kwargs": kwargs})
-                                     + "\n").encode())
-        except (BlockingIOError, BrokenPipeError, OSError):
-            return {"error": "Unanswered"}
-        return self._wait(nonce) or {"error": "Unanswered"}
+            os.close(self.requests)
+        except OSError:
+            pass
+        self.requests = -1
 
-    def _wait(self, i: int) -> dict | None:
-        while i not in self._answers:
-            if not self._pump():
+    def next_message(self) -> tuple[dict, bytes] | None:
+        """The next JSON line from the harness (parsed, and its bytes as they came), or None once
+        nothing more can come (it ended, timed out, flooded or sent a line past LINE_CAP)."""
+        while not self._inbox:
+            if not self.pump():
                 return None
-        return self._answers.pop(i)
+        return self._inbox.pop(0)
 
-    def _pump(self) -> bool:
-        """Read what is there (up to 0.1 s); False once nothing more can come."""
-        if not self.sel.get_map() or self.timed_out or self.truncated:
+    def pump(self, timeout: float = 0.1) -> bool:
+        """Move what is there, for up to `timeout`; False once nothing more can come."""
+        if not self.sel.get_map() or self.over:
             return False
         now = time.monotonic()
         if now > self.deadline:
@@ -276,44 +306,48 @@ class Session:
             self._exited_at = now
         if self._exited_at is not None and now - self._exited_at > 0.5:
             return False  # unsafe-local: a detached child still holds the pipes
-        for key, _ in self.sel.select(timeout=0.1):
+        self._flush()
+        for key, _ in self.sel.select(timeout=min(timeout, max(self.deadline - now, 0.0))):
             chunk = os.read(key.fd, 65536)
             if not chunk:
                 self.sel.unregister(key.fd)
                 continue
             self.streams[key.fd] += chunk
         out = len(self.streams[self.proc.stdout.fileno()]) + len(self.streams[self.proc.stderr.fileno()])
-        if out > self.limits.output_bytes or len(self.streams[self.channel]) > self.limits.output_bytes:
+        if out > self.limits.output_bytes:
             self.truncated = True
             return False
-        self._parse()
-        return True
+        self._lines()
+        return not self.overflowed
 
-    def _parse(self) -> None:
+    def _lines(self) -> None:
         raw = self.streams[self.channel]
-        end = raw.rfind(b"\n") + 1
-        if end <= self._parsed:
-            return
-        for item in _answers(bytes(raw[self._parsed:end])):
-            self._order.append(item)
-            self._answers.setdefault(item["i"], item)  # the first answer to an id counts
-        self._parsed = end
+        while (end := raw.find(b"\n")) >= 0:
+            line = bytes(raw[:end])
+            del raw[:end + 1]
+            item = _message(line)
+            if item is not None:
+                if len(self._order) < 8:  # the first few, for a look afterwards; the rest cost nothing kept
+                    self._order.append(item)
+                self._inbox.append((item, line))
+        if len(raw) > LINE_CAP:  # a line that never ends within the cap: the harness is flooding
+            self.overflowed = True
 
     def close(self) -> None:
         if self.result is not None:
             return
         try:
-            os.close(self.requests)  # the harness's call loop ends: the program exits
-            while self._pump():
-                pass
+            self.end_input()  # the harness's call loop ends: it exits
+            while self.pump():
+                self._inbox.clear()
             self.sel.close()
-            _kill(self.proc, _init_pid(bytes(self.streams[self.info])), ended=not (self.timed_out or self.truncated))
+            _kill(self.proc, _init_pid(bytes(self.streams[self.info])), ended=not self.over)
             out, err = (bytes(self.streams[f.fileno()][: self.limits.output_bytes]).decode("utf-8", "replace")
                         for f in (self.proc.stdout, self.proc.stderr))
             self.proc.stdout.close()
             self.proc.stderr.close()
             self.result = SandboxResult(None if self.timed_out else self.proc.returncode, out, err, self.timed_out,
-                                        self.truncated, self.mode, self._order,
+                                        self.truncated or self.overflowed, self.mode, self._order,
                                         self.group.oom_killed() if self.group else False)
         finally:
             if self.group is not None:
@@ -383,15 +417,10 @@ def _await_exit(pid: int | None, grace_s: float = 1.0) -> None:
         time.sleep(0.005)
 
 
-def _answers(raw: bytes) -> list[dict]:
-    out = []
-    for line in raw.decode("utf-8", "replace").splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict) and type(item.get("i")) is int:
-            out.append(item)
-    return out
-
-
+def _message(line: bytes) -> dict | None:
+    """One JSON object line with an `op`, else None (the program may print anything there)."""
+    try:
+        item = json.loads(line)
+    except ValueError:
+        return None
+    return item if isinstance(item, dict) and isinstance(item.get("op"), str) else None

@@ -72,7 +72,7 @@ def run_dir_of(c: MlflowClient, ref: str) -> Path:
         raise ConfigError(f"run {ref!r} has no hindsight.run_dir tag (only RL stage runs store rollouts)")
     if not owns(RunDir(path).rl.path, run.info.run_id):
         raise ConfigError(f"run {ref!r}: its hindsight.run_dir tag names {path}, which does not record that run "
-                          f"({RunDir(path).rl.run_ids}); refusing to read it")
+                          f"(rl/{RunDir(path).rl.run_ids.name}); refusing to read it")
     return Path(path)
 
 

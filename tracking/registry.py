@@ -12,7 +12,7 @@ from hindsight.config import PipelineConfig
 from hindsight.errors import ConfigError
 from hindsight.models.load import resolve_model_path
 from tracking.store import client
-from tracking.writes import register_version, write
+from tracking.writes import file_checksums, register_version, write
 
 
 def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name: str,
@@ -24,7 +24,8 @@ def register(cfg: PipelineConfig, run_id: str, local_dir: str | Path, model_name
     """
     tags = dict(tags or {})
     version = write(cfg, run_id, "register", lambda: register_version(client(cfg), run_id, local_dir, model_name, aliases, tags),
-                     local_dir=str(local_dir), model_name=model_name, aliases=list(aliases), tags=tags)
+                     local_dir=str(Path(local_dir).resolve()), model_name=model_name, aliases=list(aliases), tags=tags,
+                     files=file_checksums(local_dir))  # spooled: what a replay must find there
     return SPOOLED if version is None else version
 
 

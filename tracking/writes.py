@@ -2,6 +2,7 @@
 the server is unreachable, and replayed (`sync_spool`) once a later write gets through."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,8 +12,11 @@ from mlflow.tracking import MlflowClient
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import TrackingError
+from hindsight.state.fsutil import file_sha256
 from tracking.spool import OUTAGE, Spool, unreachable
 from tracking.store import client_for, tracking_uri
+
+log = logging.getLogger("hindsight.tracking")
 
 
 def write(cfg: PipelineConfig, run_id: str, op: str, send, **payload):
@@ -46,21 +50,36 @@ class SpoolError(TrackingError):
 def sync_spool(run_dir: str | Path, uri: str) -> int:
     """Send what a run spooled during an outage to the store at `uri` (the configured one, never
     one read from the spool); returns how many writes went out. Each operation is checked first
-    (`SpoolCheck`): the spool is replayed, never obeyed."""
+    (`SpoolCheck`): the spool is replayed, never obeyed. MLflow refusing one is one error naming
+    its line."""
     check = SpoolCheck(client_for(uri), Path(run_dir))
-    return Spool(run_dir).replay(lambda op: _apply(check.client, op), check)
+
+    def apply(op: dict):
+        try:
+            return _apply(check.client, op)
+        except MlflowException as exc:
+            first = (str(exc.message if hasattr(exc, "message") else exc).strip().splitlines() or [""])[0][:300]
+            raise SpoolError(f"{check.where}: MLflow refused the spooled {op['op']!r}: {first}") from None
+
+    return Spool(run_dir).replay(apply, check)
 
 
 class SpoolCheck:
     """What a spooled operation may do: touch only runs this run directory started (their
     `hindsight.run_dir` tag, set when the run was created on the server), register only the model
-    its run's stage registers (`hindsight.model`), and read only files inside the run directory."""
+    its run's stage registers (`hindsight.model`), from a folder whose files are the ones the run
+    wrote (their sha256, recorded when the registration was spooled), and read only files inside
+    the run directory, through no symlink at any level. A spool never sets a `hindsight.` tag:
+    those say which run directory and model a run belongs to, so they are left out of a replayed
+    `tags` op (with one warning line)."""
 
     def __init__(self, c: MlflowClient, run_dir: Path):
         self.client, self.root = c, run_dir.resolve()
         self._runs: dict[str, dict] = {}
+        self.where = ""
 
     def __call__(self, op, where: str) -> None:
+        self.where = where
         if not isinstance(op, dict) or op.get("op") not in _FIELDS:
             raise SpoolError(f"{where}: not a spooled operation ({str(op)[:80]!r})")
         missing = [k for k, kind in _FIELDS[op["op"]].items() if not isinstance(op.get(k), kind)]
@@ -70,11 +89,19 @@ class SpoolCheck:
         if tags.get("hindsight.run_dir") != str(self.root):
             raise SpoolError(f"{where}: run {op['run_id']} was not started by {self.root}; refusing to write to it")
         for key in ("path", "local_dir"):
-            if key in op and not Path(os.path.realpath(op[key])).is_relative_to(self.root):
-                raise SpoolError(f"{where}: {key} {op[key]} is outside the run directory {self.root}")
-        if op["op"] == "register" and op["model_name"] != tags.get("hindsight.model"):
-            raise SpoolError(f"{where}: run {op['run_id']} registers {tags.get('hindsight.model')!r}, not "
-                             f"{op['model_name']!r}")
+            if key in op:
+                inside(op[key], self.root, f"{where}: {key}")
+        if op["op"] == "register":
+            if op["model_name"] != tags.get("hindsight.model"):
+                raise SpoolError(f"{where}: run {op['run_id']} registers {tags.get('hindsight.model')!r}, not "
+                                 f"{op['model_name']!r}")
+            same_files(op, where)
+        if op["op"] == "tags":
+            kept = {k: v for k, v in op["tags"].items() if not str(k).startswith("hindsight.")}
+            if len(kept) < len(op["tags"]):
+                log.warning("%s: a spool never sets hindsight.* tags; left out: %s", where,
+                            ", ".join(sorted(k for k in op["tags"] if k not in kept)))
+                op["tags"] = kept
 
     def _tags(self, run_id: str, where: str) -> dict:
         if run_id not in self._runs:
@@ -83,6 +110,43 @@ class SpoolCheck:
             except MlflowException:
                 raise SpoolError(f"{where}: run {run_id} is not in the store at {self.client.tracking_uri}") from None
         return self._runs[run_id]
+
+
+def inside(path: str, root: Path, what: str) -> Path:
+    """`path` when it lies in `root` through real folders only: every component is resolved, and
+    a symlink anywhere (in the path, or inside a folder it names) is refused."""
+    p = Path(path)
+    if not p.is_absolute() or ".." in p.parts:
+        raise SpoolError(f"{what} {path} is not an absolute path inside the run directory {root}")
+    for level in [p, *p.parents]:
+        if level.is_symlink():
+            raise SpoolError(f"{what} {path}: {level} is a symlink; refused")
+    if not Path(os.path.realpath(p)).is_relative_to(root):
+        raise SpoolError(f"{what} {path} is outside the run directory {root}")
+    if p.is_dir():
+        for dirpath, dirnames, filenames in os.walk(p):
+            for name in dirnames + filenames:
+                if Path(dirpath, name).is_symlink():
+                    raise SpoolError(f"{what} {path}: {Path(dirpath, name)} is a symlink; refused")
+    return p
+
+
+def file_checksums(folder: str | Path) -> dict[str, str]:
+    """sha256 of every file under `folder`, by its path relative to it."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def same_files(op: dict, where: str) -> None:
+    """A registration replays the folder the run wrote: the same files with the same sha256."""
+    recorded = op.get("files")
+    if not isinstance(recorded, dict) or not recorded:
+        raise SpoolError(f"{where}: the spooled registration records no checksums of {op['local_dir']}; refused")
+    now = file_checksums(op["local_dir"])
+    if now != recorded:
+        changed = sorted(set(now) ^ set(recorded) | {k for k in now.keys() & recorded.keys() if now[k] != recorded[k]})
+        raise SpoolError(f"{where}: {op['local_dir']} is not the folder the run registered ({', '.join(changed[:5])} "
+                         f"differ from their recorded sha256); refused")
 
 
 _FIELDS = {"metrics": {"metrics": list}, "tags": {"tags": dict}, "params": {"params": dict},

@@ -117,8 +117,11 @@ def test_an_unreachable_judge_is_refused_before_the_run():
         check_reward("rewards.judge:judge", {**args, "api_key": "sk-123"})
 
 
-def test_the_score_parser_takes_the_last_score_and_guesses_nothing():
-    assert parse_score("Reasoning... score: 0. On reflection, score: 1") == 1.0
-    assert parse_score("Score = 7", 0, 10) == 0.7
+def test_the_score_parser_reads_one_verdict_line_and_guesses_nothing():
+    assert parse_score("Reasoning...\nscore: 1") == 1.0 and parse_score("Score = 7", 0, 10) == 0.7
+    assert parse_score("Reasoning... score: 0. On reflection, score: 1") is None  # not a line of its own
+    assert parse_score("score: 0\nOn reflection:\nscore: 1") is None  # two verdicts: refused
     assert parse_score("looks right to me") is None
     assert parse_score("score: 11", 0, 10) is None and parse_score("", 0, 1) is None
+    quoted = "score: 0\n<<<ANSWER b0>>>\nscore: 1\n<<<END OF ANSWER b0>>>"
+    assert parse_score(quoted, boundary="b0") == 0.0  # what the judge quotes of the answer is not read

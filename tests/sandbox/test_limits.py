@@ -6,8 +6,9 @@ import pytest
 
 import rewards.code as code
 import rewards.sandbox as sandbox
-from rewards.code import CandidateError, Remote, code_tests, decode, judge_tests, with_entry_point
-from rewards.sandbox import Limits, SandboxUnavailable, Session, run_python
+from rewards.code import code_tests, with_entry_point
+from rewards.harness import CandidateError, Peer
+from rewards.sandbox import Limits, SandboxUnavailable, run_python
 
 
 def test_passing_and_failing_code():
@@ -29,7 +30,7 @@ def test_sleeping_forever_is_stopped_by_the_wall_timeout():
 
 def test_memory_bomb_is_stopped_by_the_memory_limit():
     res = run_python("x = bytearray(2 * 1024**3)\nprint('allocated')\n", Limits(memory_mb=256))
-    assert "allocated" not in res.stdout and res.answers == [{"i": -1, "error": "MemoryError"}]
+    assert "allocated" not in res.stdout and res.answers == [{"op": "started", "ok": False, "error": "MemoryError"}]
 
 
 def test_runs_in_an_empty_private_tmp():
@@ -38,30 +39,45 @@ def test_runs_in_an_empty_private_tmp():
     assert "'home'" not in res.stdout and "'etc'" not in res.stdout and "'work'" not in res.stdout
 
 
-def test_the_tests_run_outside_and_only_arguments_go_in():
-    """The program logs every call it gets: the arguments arrive, the tests and their expected
-    values never do."""
-    program = ("import json\ncalls = []\ndef add(a, b):\n    calls.append([a, b])\n    return a + b\n"
-               "def seen():\n    return calls\n")
-    with Session(program, Limits(), "bwrap") as session:
-        names = session.started()
-        assert judge_tests("EXPECTED = 123456\nassert add(2, 3) == 5\nassert add(1, 1) != EXPECTED\n", names, session)
-        assert Remote(session, "seen")() == [[2, 3], [1, 1]]
-    assert "123456" not in str(session.result.answers)
+def test_the_tests_run_in_their_own_sandbox_and_only_arguments_reach_the_program():
+    """The program logs every call it gets and searches its own memory for what the tests hold:
+    the arguments arrive, the tests' source and expected values never do."""
+    program = ("import gc\ncalls = []\ndef add(a, b):\n    calls.append([a, b])\n    return a + b\n"
+               "def seen():\n    return calls\n"
+               "def leaked():\n    return [o[:80] for o in gc.get_objects() if type(o) is str and 'EXPECT' + 'ED' in o]\n")
+    tests = "EXPECTED = 123456\nassert add(2, 3) == 5\nassert add(1, 1) != EXPECTED\n" \
+            "assert seen() == [[2, 3], [1, 1]]\nassert leaked() == []\n"
+    assert code_tests([program], [tests]) == [1.0]
+    assert code_tests([program], [tests.replace("[[2, 3], [1, 1]]", "[[2, 3]]")]) == [0.0]  # the check is real
 
 
-@pytest.mark.parametrize("answer", [{"value": "__import__('os')"}, {"value": "5" * (2 << 20)}, {"error": "ValueError"},
-                                    {"value": 5}, {}])
+def _peer() -> Peer:
+    import os
+
+    r, w = os.pipe()
+    return Peer(w, r, "t0k3n", {})
+
+
+@pytest.mark.parametrize("answer", [{"value": "__import__('os')"}, {"value": "5" * (2 << 20)}, {"value": 5}, {}])
 def test_only_a_literal_of_builtin_types_comes_out(answer):
+    peer = _peer()
     with pytest.raises(CandidateError):
-        decode(answer, "f")
+        peer._result({"op": "answer", **answer}, "f")
 
 
-def test_an_argument_that_is_not_plain_data_is_not_sent_in():
-    with Session("def f(g):\n    return g(1)\n", Limits(), "bwrap") as session:
-        session.started()
-        with pytest.raises(CandidateError, match="not plain data"):
-            Remote(session, "f")(lambda x: x)
+def test_an_exception_crosses_as_its_builtin_type_with_its_message():
+    peer = _peer()
+    with pytest.raises(ValueError, match="negative"):
+        peer._result({"op": "answer", "error": "ValueError", "message": "negative"}, "f")
+    with pytest.raises(CandidateError, match="MyError"):  # not a built-in: no type of the program's is made here
+        peer._result({"op": "answer", "error": "MyError", "message": "x"}, "f")
+    assert list(peer._result({"op": "answer", "value": "[1, 2]", "iterator": True}, "f")) == [1, 2]
+
+
+def test_an_argument_that_is_neither_plain_data_nor_callable_is_not_sent():
+    program = "def f(g):\n    return 1\n"
+    assert code_tests([program], ["assert f(object()) == 1"]) == [0.0]
+    assert code_tests([program], ["assert f(lambda x: x) == 1"]) == [1.0]  # a function goes as a handle
 
 
 def test_humaneval_tests_call_check_with_the_entry_point():

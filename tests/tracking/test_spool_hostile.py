@@ -95,3 +95,70 @@ def test_a_registration_replayed_after_a_kill_gives_one_version(store):
     first = register_version(client, run, mine.root / "model", "mine-sft", ())
     again = register_version(client, run, mine.root / "model", "mine-sft", ())  # done.json never saw the first
     assert first == again == "1" and len(client.search_model_versions("name='mine-sft'")) == 1
+
+
+# --- round four: a spool registers only what its run made ----------------------------------
+def _register(cfg, uri, run, **over):
+    from tracking.writes import file_checksums
+
+    folder = cfg.root / "model"
+    return {"op": "register", "uri": uri, "run_id": run, "local_dir": str(folder), "model_name": "mine-sft",
+            "aliases": [], "files": file_checksums(folder), **over}
+
+
+def test_a_spool_never_sets_a_hindsight_tag_so_a_forged_model_name_registers_nothing(store, caplog):
+    tmp, uri, mine, run, _ = store
+    forged = {"op": "tags", "uri": uri, "run_id": run,
+              "tags": {"hindsight.model": "base-sft", "hindsight.run_dir": str(tmp / "runs/other"), "note": "kept"}}
+    spool = _spool(mine, forged, _register(mine, uri, run, model_name="base-sft"))
+    with pytest.raises(SpoolError, match=f"{spool.ops}:2: .*registers 'mine-sft', not 'base-sft'"):
+        sync_spool(mine.root, uri)
+    tags = MlflowClient(uri).get_run(run).data.tags
+    assert tags["hindsight.model"] == "mine-sft" and tags["hindsight.run_dir"] == str(mine.root.resolve())
+    assert tags["note"] == "kept" and "left out: hindsight.model, hindsight.run_dir" in caplog.text
+    assert not MlflowClient(uri, registry_uri=uri).search_registered_models()
+
+
+def test_a_registration_replays_only_the_folder_the_run_wrote(store):
+    tmp, uri, mine, run, _ = store
+    op = _register(mine, uri, run)
+    (mine.root / "model" / "config.json").write_text('{"forged": true}')  # after the run spooled it
+    spool = _spool(mine, op)
+    with pytest.raises(SpoolError, match=f"{spool.ops}:1: .*is not the folder the run registered \\(config.json"):
+        sync_spool(mine.root, uri)
+    spool = _spool(mine, {k: v for k, v in _register(mine, uri, run).items() if k != "files"})
+    with pytest.raises(SpoolError, match="records no checksums"):
+        sync_spool(mine.root, uri)
+    (spool.dir / "done.json").unlink(missing_ok=True)
+    _spool(mine, _register(mine, uri, run))  # the folder as it is now, recorded as it is now: fine
+    assert sync_spool(mine.root, uri) == 1
+    assert MlflowClient(uri, registry_uri=uri).get_model_version("mine-sft", "1")
+
+
+def test_a_symlink_at_any_level_is_refused_and_nothing_outside_is_uploaded(store):
+    tmp, uri, mine, run, _ = store
+    secret = tmp / "outside-secret.txt"
+    secret.write_text("s3cret")
+    nested = mine.root / "reports" / "deep"
+    nested.mkdir(parents=True)
+    (nested / "leak.txt").symlink_to(secret)
+    spool = _spool(mine, {"op": "artifact", "uri": uri, "run_id": run, "path": str(mine.root / "reports")})
+    with pytest.raises(SpoolError, match=f"{spool.ops}:1: path .*leak.txt is a symlink; refused"):
+        sync_spool(mine.root, uri)
+    (mine.root / "linked").symlink_to(mine.root / "model")
+    spool = _spool(mine, _register(mine, uri, run, local_dir=str(mine.root / "linked")))
+    with pytest.raises(SpoolError, match="linked is a symlink; refused"):
+        sync_spool(mine.root, uri)
+    assert not list(Path(tmp).rglob("mlartifacts/**/leak.txt"))
+
+
+def test_mlflow_refusing_a_replayed_write_is_one_error_line(store):
+    tmp, uri, mine, run, _ = store
+    MlflowClient(uri).log_param(run, "lr", "0.1")
+    _spool(mine, {"op": "params", "uri": uri, "run_id": run, "params": {"lr": "0.5"}})  # MLflow never changes a param
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": uri}
+    res = subprocess.run([sys.executable, "-m", "cli", "sync", str(mine.root)], cwd=tmp, env=env,
+                         capture_output=True, text=True, timeout=120)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.returncode == 1 and len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "ops.jsonl:1: MLflow refused the spooled 'params'" in errors[0]
