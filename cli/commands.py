@@ -33,10 +33,9 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
         prefect_api()
         with run_lock(cfg.root):  # held from before --force moves anything to the last stage
             if force_new_run:
-                from hindsight.coordination.resume import archive_run_dir
                 from hindsight.state.rundir import RunDir
 
-                moved = archive_run_dir(RunDir.of(cfg).rl.path)
+                moved = RunDir.of(cfg).move_aside("rl")
                 if moved:
                     typer.echo(f"moved previous RL state to {moved}")
             stage_flow = registry.stage(stage).load_flow()  # imports Prefect, which sets up its log handlers

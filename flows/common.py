@@ -12,8 +12,7 @@ from hindsight.data.rows import dvc_dir_md5, pinned_md5
 from hindsight.data.demo import DEMO_FILES, build_demo_data
 from hindsight.errors import DataError, HindsightError, StageError, TrackingError
 from hindsight.console import say
-from hindsight.coordination.resume import archive_run_dir
-from hindsight.state.fsutil import sweep_temporaries
+from hindsight.state.rundir import RunDir
 from hindsight.state.runlock import run_lock
 from hindsight.stage import StageContext, StageResult, StageSpec, preflight
 from tasks.cache import declared_key
@@ -27,7 +26,7 @@ log = logging.getLogger("hindsight")
 
 def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_id: str | None) -> StageResult:
     with run_lock(cfg.root):  # a deployed flow holds it too, not only the CLI
-        left = sweep_temporaries(cfg.root)  # a killed run's half-written files, and its runs left RUNNING
+        left = RunDir.of(cfg).sweep_temporaries()  # a killed run's half-written files, and its runs left RUNNING
         ended = tracking.end_orphaned_runs(cfg)
         if left or ended:
             say(f"a killed run left {len(left)} temporary files (removed) and {len(ended)} MLflow runs RUNNING "
@@ -35,13 +34,14 @@ def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_i
         data_md5 = ensure_data(cfg)
         preflight(spec, cfg)
         if force:  # retrain from the stage's inputs: its old state is kept, aside, never resumed from
-            moved = archive_run_dir(cfg.root / spec.workdir)
+            moved = RunDir.of(cfg).move_aside(spec.workdir)
             if moved:
                 say(f"--force: moved the previous {spec.name} state to {moved}")
         paths, versions = {}, {}
         for role, uri in spec.models(cfg).items():
             paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)
         key = declared_key(spec, cfg, versions, data_md5)
+        RunDir.of(cfg).record(spec.workdir)  # before the stage writes there: --force and the sweep may touch it
         return run_stage(spec, cfg, force)(spec, cfg, paths, data_md5, key, parent_run_id)
 
 

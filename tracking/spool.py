@@ -42,6 +42,8 @@ class Spool:
         self.registered = self.dir / "registered.json"  # run_id -> version, for registrations replayed
 
     def add(self, op: str, uri: str, run_id: str, **payload) -> None:
+        if not self.dir.exists():
+            RunDir(self.dir.parent).record(self.dir.name)
         if op == "artifact":  # a copy: the file may be rewritten before it is sent
             src = Path(payload["path"])
             keep = self.dir / "files" / uuid.uuid4().hex[:12] / src.name

@@ -2,8 +2,6 @@
 `load_config(path, overrides)`."""
 from __future__ import annotations
 
-import os
-
 from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -14,6 +12,7 @@ from hindsight.config.base import Strict
 from hindsight.config.data import DataConfig, EvalConfig, ModelConfig
 from hindsight.config.rl import RLConfig
 from hindsight.config.stages import NegativeFTConfig, RewardModelConfig, SFTConfig
+from hindsight.state.rundir import system_folder_problem
 
 
 class TrackingConfig(Strict):
@@ -81,18 +80,12 @@ class PipelineConfig(Strict):
         return Path(self.run_dir or f"runs/{self.name}")
 
 
-SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
-                  "/var")
-
-
 def refuse_system_folder(path: Path) -> None:
-    """A run writes and deletes under its folder (`--force` moves it aside): never `/` or a system
-    folder, also not through a symlink."""
-    real = Path(os.path.realpath(path))
-    if real == Path("/") or any(real == Path(f) or Path(f) in real.parents for f in SYSTEM_FOLDERS):
-        shown = f"{path} (which resolves to {real})" if str(real) != str(path) else str(path)
-        raise ValueError(f"{shown} is / or a system folder: a run directory holds the run's files, choose one of "
-                         f"its own (default runs/NAME)")
+    """At load time already: never `/` or a system folder (the run directory's own claim refuses
+    the home folder, the working directory and a folder that is not hindsight's, `state.rundir`)."""
+    problem = system_folder_problem(path)
+    if problem:
+        raise ValueError(problem)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

@@ -53,17 +53,6 @@ def _set_scores_aside(paths: RLDir, start: int) -> int:
     return moved
 
 
-def archive_run_dir(run_dir: Path) -> Path | None:
-    """--force: move a stage's old state aside (never delete it) so the stage starts fresh."""
-    if not run_dir.exists():
-        return None
-    stamp, n = time.strftime('%Y%m%d-%H%M%S'), 0
-    while (target := run_dir.with_name(f"{run_dir.name}.old-{stamp}" + (f"-{n}" if n else ""))).exists():
-        n += 1
-    run_dir.rename(target)
-    return target
-
-
 def lr_multiplier(alerts_file: Path, up_to_step: int) -> float:
     """The product of the `lower_lr` factors fired up to a step, from the alert log: each factor
     stays its own record, so a resume can apply a new rl.learner.lr and still honour them."""

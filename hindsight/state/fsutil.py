@@ -11,7 +11,6 @@ import hashlib
 import errno
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -107,23 +106,3 @@ def file_sha256(path: str | Path) -> str | None:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-_TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")
-
-
-def sweep_temporaries(root: Path) -> list[Path]:
-    """Remove what a killed process left half-written under `root` (`.NAME.tmp-PID` files and
-    folders of the atomic writes). Called under the run lock: no other writer can be live."""
-    removed = []
-    if not Path(root).is_dir():
-        return removed
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            m = _TEMPORARY.match(name)
-            if m and int(m.group(1)) != os.getpid():
-                path = Path(dirpath) / name
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-                removed.append(path)
-        dirnames[:] = [d for d in dirnames if not _TEMPORARY.match(d)]
-    return removed

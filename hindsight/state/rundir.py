@@ -12,11 +12,35 @@ spool); `RLDir` is the RL stage's folder, whose layout is the look-back the proj
 
 `RunContext` is what a reward or a tool may know of the run it scores for (where to cache),
 handed to it as an argument.
+
+A run directory is hindsight's alone (`RunDir.claim`): hindsight makes it and marks it
+(`.hindsight-run`, which also lists the top-level folders it made); an existing folder that is
+not empty and not marked is refused, and so are `/`, system folders, the home folder, the
+working directory and the folders above it. What cleans up (the sweep of a killed run's
+temporaries) or moves things aside (`--force`) touches only the folders the mark lists.
 """
 from __future__ import annotations
 
+import logging
+import os
+import re
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from hindsight.errors import ConfigError
+from hindsight.state.fsutil import atomic_write_json, read_json
+
+log = logging.getLogger("hindsight")
+MARK = ".hindsight-run"
+# the top-level names hindsight makes in a run directory; a folder holding only these (and
+# their `.old-TIME` archives) is a run directory of an older hindsight, adopted and marked
+MADE = ("sft", "reward_model", "rl", "negative_ft", "mlflow-spool")
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
+                  "/var")
+_OURS = re.compile(rf"^({'|'.join(re.escape(n) for n in MADE)})(\.old-[0-9-]+)?$|^\.hindsight\.lock$|^{re.escape(MARK)}$")
+_TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
 class RLDir:
@@ -78,11 +102,125 @@ class RunDir:
         """A stage's own folder (`StageSpec.workdir`: sft, reward_model, rl, negative_ft)."""
         return self.root / workdir
 
+    # --- the run directory is hindsight's alone -------------------------------------------
+    @property
+    def mark(self) -> Path:
+        return self.root / MARK
+
+    def claim(self) -> "RunDir":
+        """Make the run directory, or take one hindsight made; refuse any other folder."""
+        refuse_reserved(self.root)
+        if self.mark.is_file():
+            return self
+        entries = sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"{self.root}: the run directory is a file; choose a folder of the run's own")
+        strangers = [n for n in entries if not _OURS.match(n)]
+        if strangers:
+            raise ConfigError(f"{self.root}: not a hindsight run directory: it holds files hindsight did not make "
+                              f"({', '.join(strangers[:5])}{', ...' if len(strangers) > 5 else ''}) and no "
+                              f"{MARK} mark; give the run a folder of its own (default runs/NAME)")
+        made = sorted(n for n in entries if n in MADE)
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.mark, {"by": "hindsight", "created": time.time(), "made": made})
+        if made:
+            log.info("run dir %s: made by an older hindsight (%s); marked as hindsight's", self.root, ", ".join(made))
+        return self
+
+    def made(self) -> list[str]:
+        """The top-level folders hindsight made here (recorded in the mark)."""
+        return list((read_json(self.mark, default={}) or {}).get("made", []))
+
+    def record(self, name: str) -> Path:
+        """Note that hindsight makes the top-level folder `name` (before it writes there)."""
+        if name not in MADE:
+            raise ValueError(f"{name}: not a folder hindsight makes in a run directory")
+        mark = read_json(self.mark, default=None)
+        if mark is None:  # not claimed (a unit test writing one component alone): nothing to record in
+            return self.root / name
+        if name not in mark.get("made", []):
+            atomic_write_json(self.mark, {**mark, "made": sorted({*mark.get("made", []), name})})
+        return self.root / name
+
+    def sweep_temporaries(self) -> list[Path]:
+        """Remove what a killed process left half-written (`.NAME.tmp-PID` of the atomic writes),
+        in the folders hindsight made and at their level, nowhere else. Called under the run lock:
+        no other writer can be live."""
+        removed = []
+        if not self.mark.is_file():
+            return removed
+        for name in os.listdir(self.root):
+            m = _TEMPORARY.match(name)
+            if m and int(m.group(1)) != os.getpid() and _OURS.match(name[1:name.rindex(".tmp-")]):
+                removed.append(_remove(self.root / name))
+        for name in self.made():
+            if (self.root / name).is_dir():
+                removed += _sweep(self.root / name)
+        return removed
+
+    def move_aside(self, name: str) -> Path | None:
+        """--force: move a folder hindsight made aside (never delete it); refuse one it did not make."""
+        folder = self.root / name
+        if not folder.exists():
+            return None
+        if name not in self.made():
+            raise ConfigError(f"{folder}: hindsight did not make this folder ({self.mark} does not list it), so "
+                              f"--force will not move it; move it yourself, or use another run_dir")
+        stamp, n = time.strftime("%Y%m%d-%H%M%S"), 0
+        while (target := folder.with_name(f"{folder.name}.old-{stamp}" + (f"-{n}" if n else ""))).exists():
+            n += 1
+        folder.rename(target)
+        return target
+
     @property
     def rl(self) -> RLDir:
         return RLDir(self.root / "rl")
 
     spool = property(lambda self: self.root / "mlflow-spool")
+
+
+def system_folder_problem(path: Path) -> str | None:
+    """Why `path` cannot be a run directory because it is `/` or a system folder (through any
+    symlink), or None."""
+    real = Path(os.path.realpath(path))
+    if real == Path("/") or any(real == Path(f) or Path(f) in real.parents for f in SYSTEM_FOLDERS):
+        shown = f"{path} (which resolves to {real})" if str(real) != str(path) else str(path)
+        return (f"{shown} is / or a system folder: a run directory holds the run's files, choose one of its own "
+                f"(default runs/NAME)")
+    return None
+
+
+def refuse_reserved(path: Path) -> None:
+    """A run writes and moves things under its folder: never `/`, a system folder, the home
+    folder, the working directory or a folder above it, also not through a symlink."""
+    problem = system_folder_problem(path)
+    if problem:
+        raise ConfigError(problem)
+    real = Path(os.path.realpath(path))
+    cwd, home = Path(os.path.realpath(os.getcwd())), Path(os.path.realpath(Path.home()))
+    shown = f"{path} (which resolves to {real})" if str(real) != str(path) else str(path)
+    if real == home:
+        raise ConfigError(f"{shown} is the home folder: a run directory holds the run's files, choose one of its "
+                          f"own (default runs/NAME)")
+    if real == cwd or real in cwd.parents:
+        raise ConfigError(f"{shown} is the working directory or a folder above it: choose a folder of the run's "
+                          f"own (default runs/NAME)")
+
+
+def _remove(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    return path
+
+
+def _sweep(root: Path) -> list[Path]:
+    removed = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            m = _TEMPORARY.match(name)
+            if m and int(m.group(1)) != os.getpid():
+                removed.append(_remove(Path(dirpath) / name))
+        dirnames[:] = [d for d in dirnames if not _TEMPORARY.match(d)]
+    return removed
 
 
 @dataclass(frozen=True)

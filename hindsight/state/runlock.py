@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hindsight.errors import HindsightError
+from hindsight.state.rundir import RunDir
 
 log = logging.getLogger("hindsight.lock")
 LOCK_NAME = ".hindsight.lock"
@@ -73,7 +74,7 @@ def run_lock(run_dir: str | Path):
         if key in _held:
             _held[key][1] += 1
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            RunDir(path.parent).claim()  # hindsight's folder, or refused before anything is written
             fd = _acquire(path)
             stale = _read(fd)
             if stale:

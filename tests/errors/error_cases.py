@@ -22,6 +22,7 @@ class Case:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     keeps_state: bool = False
+    starts_no_run: bool = False  # refused before any MLflow run starts (checked)
 
 
 CASES = {}
@@ -300,6 +301,29 @@ def _(ws, tmp):
 @case("resume-finished-changed")
 def _(ws, tmp):
     return stored_run(ws, tmp, learner={"lr": 5e-4})
+
+
+@case("run-dir-home")
+def _(ws, tmp):
+    home = tmp / "home"
+    (home / "docs").mkdir(parents=True)
+    (home / "docs" / "thesis.md").write_text("years of work")
+    return Case(rl_args(write_config(tmp, base_config(ws, home))), {"HOME": str(home)}, starts_no_run=True)
+
+
+@case("run-dir-cwd")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, Path(".")))), starts_no_run=True)
+
+
+@case("run-dir-not-hindsights")
+def _(ws, tmp):
+    """A user's own folder: temporaries of their own tools, and an `rl/` folder that is theirs."""
+    user = tmp / "projects"
+    for rel in (".notes.md.tmp-4242", "docs/.report.tmp-77", "app/.build.tmp-1/out.o", "rl/mine.txt"):
+        (user / rel).parent.mkdir(parents=True, exist_ok=True)
+        (user / rel).write_text("the user's")
+    return Case(rl_args(write_config(tmp, base_config(ws, user)), "--force"), starts_no_run=True)
 
 
 @case("run-locked")

@@ -50,6 +50,11 @@ def _files(root: Path) -> dict[str, tuple[int, int]]:
             for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
+def _runs(uri: str) -> int:
+    client = MlflowClient(uri)
+    return sum(len(client.search_runs([e.experiment_id], max_results=50000)) for e in client.search_experiments())
+
+
 def _versions(uri: str) -> int:
     client = MlflowClient(uri, registry_uri=uri)
     return sum(len(client.search_model_versions(f"name='{m.name}'")) for m in client.search_registered_models())
@@ -67,7 +72,8 @@ def test_bad_input_gives_one_clear_error_and_no_partial_state(row, ws, tmp_path,
     env = {**ws.env, **c.env}
     if "PYTHONPATH" in c.env:
         env["PYTHONPATH"] = f"{c.env['PYTHONPATH']}:{ws.env['PYTHONPATH']}"
-    before, versions = _files(tmp_path), _versions(ws.env["MLFLOW_TRACKING_URI"])
+    uri = ws.env["MLFLOW_TRACKING_URI"]
+    before, versions, runs = _files(tmp_path), _versions(uri), _runs(uri) if c.starts_no_run else None
 
     result = _hindsight(c.args, tmp_path, env)
 
@@ -78,7 +84,9 @@ def test_bad_input_gives_one_clear_error_and_no_partial_state(row, ws, tmp_path,
     said = result.stdout + result.stderr
     assert said.count(expected) == 1, said[-3000:]  # printed once, not again by each task and flow it failed
     assert "Traceback" not in said
-    assert _versions(ws.env["MLFLOW_TRACKING_URI"]) == versions
+    assert _versions(uri) == versions
+    if c.starts_no_run:
+        assert _runs(uri) == runs, "an MLflow run was started before the refusal"
     _assert_no_partial_state(tmp_path, before, c.keeps_state)
 
 

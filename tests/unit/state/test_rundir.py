@@ -59,3 +59,69 @@ def test_the_run_context_reaches_a_reward_that_asks_for_it(tmp_path):
     assert seen["ctx"] == ctx and seen["plain"] == ["answer"]  # TRL's contract, nothing more
     assert ctx.cache_for("judge") == str(tmp_path / "judge")
     assert "HINDSIGHT_RUN_DIR" not in (ROOT / "hindsight/coordination/run.py").read_text()
+
+
+# --- the run directory is hindsight's alone ----------------------------------------------------
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+from hindsight.errors import ConfigError  # noqa: E402
+
+
+def test_a_new_folder_is_made_and_marked_and_an_empty_one_taken(tmp_path):
+    run = RunDir(tmp_path / "runs/a").claim()
+    assert run.mark.is_file() and run.made() == []
+    (tmp_path / "empty").mkdir()
+    assert RunDir(tmp_path / "empty").claim().mark.is_file()
+
+
+def test_a_folder_with_files_hindsight_did_not_make_is_refused_and_untouched(tmp_path):
+    user = tmp_path / "home-like"
+    for rel in (".notes.md.tmp-4242", "docs/.report.tmp-77", "rl/mine.txt"):
+        (user / rel).parent.mkdir(parents=True, exist_ok=True)
+        (user / rel).write_text("mine")
+    before = sorted(p.relative_to(user) for p in user.rglob("*"))
+    with pytest.raises(ConfigError, match=r"not a hindsight run directory: it holds files hindsight did not make "
+                                          r"\(.notes.md.tmp-4242, docs\)"):
+        RunDir(user).claim()
+    assert sorted(p.relative_to(user) for p in user.rglob("*")) == before
+
+
+def test_an_older_hindsights_run_directory_is_adopted(tmp_path):
+    old = tmp_path / "runs/old"
+    (old / "rl" / "checkpoints").mkdir(parents=True)
+    (old / "sft").mkdir()
+    run = RunDir(old).claim()
+    assert run.made() == ["rl", "sft"]
+
+
+@pytest.mark.parametrize("where", ["home", "cwd", "above-cwd"])
+def test_home_the_working_directory_and_above_are_refused(tmp_path, monkeypatch, where):
+    work = tmp_path / "work" / "project"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    target = {"home": tmp_path / "home", "cwd": work, "above-cwd": tmp_path / "work"}[where]
+    with pytest.raises(ConfigError, match="home folder|working directory or a folder above it"):
+        RunDir(target).claim()
+    assert not (target / ".hindsight-run").exists()
+
+
+def test_the_sweep_and_force_touch_only_what_hindsight_made(tmp_path):
+    run = RunDir(tmp_path / "run").claim()
+    rl = run.record("rl")
+    (rl / "checkpoints").mkdir(parents=True)
+    (rl / "checkpoints" / ".manifest.json.tmp-999999").write_text("{half")
+    (run.root / "..hindsight-run.tmp-999998").write_text("{half")  # the atomic write of the mark
+    (run.root / "notes").mkdir()  # put there later by the user
+    (run.root / "notes" / ".draft.md.tmp-5").write_text("the user's")
+    removed = run.sweep_temporaries()
+    assert sorted(p.name for p in removed) == ["..hindsight-run.tmp-999998", ".manifest.json.tmp-999999"]
+    assert (run.root / "notes" / ".draft.md.tmp-5").exists()
+    (run.root / "sft").mkdir()  # not recorded: not moved
+    with pytest.raises(ConfigError, match="hindsight did not make this folder"):
+        run.move_aside("sft")
+    assert (run.root / "sft").is_dir() and run.move_aside("rl").name.startswith("rl.old-")
+    assert os.listdir(run.root / "notes") == [".draft.md.tmp-5"]

@@ -81,12 +81,13 @@ def test_prompt_cursor_is_a_pure_function_of_step():
 
 
 def test_force_new_run_moves_the_old_state_aside(tmp_path):
-    from hindsight.coordination.resume import archive_run_dir
+    from hindsight.state.rundir import RunDir
 
-    (tmp_path / "rl").mkdir()
-    (tmp_path / "rl" / "keep.txt").write_text("old state")
-    moved = archive_run_dir(tmp_path / "rl")
-    assert not (tmp_path / "rl").exists() and (moved / "keep.txt").read_text() == "old state"
+    run = RunDir(tmp_path / "run").claim()
+    run.record("rl").mkdir()
+    (run.root / "rl" / "keep.txt").write_text("old state")
+    moved = run.move_aside("rl")
+    assert not (run.root / "rl").exists() and (moved / "keep.txt").read_text() == "old state"
 
 
 @pytest.mark.parametrize("keep", [1, 3])
