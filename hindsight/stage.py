@@ -89,6 +89,28 @@ def preflight(spec: StageSpec, cfg: PipelineConfig) -> None:
         spec.checks(cfg)
 
 
+def check_prompts(spec: StageSpec, cfg: PipelineConfig, paths: dict) -> None:
+    """The prompts the stage samples from (`prompts`, `eval`) fit its input model: a prompt past
+    `data.max_prompt_tokens` or the model's context is one error, before any MLflow run starts."""
+    files = [name for name in spec.data if name in ("prompts", "eval")]
+    policy = next((paths[k] for k in ("rl.init", "model.base", "negative_ft.init") if paths.get(k)), None)
+    if not files or policy is None:
+        return
+    from transformers import AutoConfig
+
+    from hindsight.data.bounds import check_prompt_lengths, prompt_cap
+    from hindsight.models.load import load_tokenizer
+
+    tok = load_tokenizer(policy)
+    context = getattr(AutoConfig.from_pretrained(policy), "max_position_embeddings", None)
+    for name in files:
+        new = cfg.rl.rollout.max_new_tokens if name == "prompts" else cfg.eval.max_new_tokens
+        cap = prompt_cap(cfg.data.max_prompt_tokens, context, new)
+        what = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else f"model's context ({context}, less {new} to generate)"
+        rows = load_rows(**cfg.data.reading(name, limit=cfg.eval.limit if name == "eval" else None))
+        check_prompt_lengths(rows, tok, cap, getattr(cfg.data, name), what)
+
+
 def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str) -> dict:
     """Everything the stage declares it reads, as plain values: the cache key hashes exactly this."""
     dumped = cfg.model_dump(mode="json", by_alias=True)

@@ -33,6 +33,9 @@ class DataConfig(Strict):
                                                         "that has none")
     split: str = "train"
     eval_split: str = "test"
+    max_prompt_tokens: int | None = Field(None, ge=1, description="the longest prompt (prompts and eval), in "
+                                          "tokens after the chat template; longer ones are refused before any "
+                                          "model loads. Default: the model's context less the tokens it generates")
 
     @field_validator("columns")
     @classmethod

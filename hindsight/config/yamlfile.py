@@ -1,7 +1,9 @@
 """Reading YAML files for configs: `--set` overrides, and validation errors that name the
 file, line and field (pydantic's location mapped back onto the YAML text). The loader is
-PyYAML's safe one, stricter: a key given twice is an error (not the last one silently winning),
-and so is a document that expands more aliases than a config ever needs (a "billion laughs")."""
+PyYAML's safe one, stricter, for files and `--set` values alike: a key given twice is an error
+(not the last one silently winning), and every size is bounded before anything is built from
+it: the file, each scalar, the nesting depth, the aliases, and the nodes the aliases expand to
+(a "billion laughs" nests a few aliases many levels deep: few aliases, billions of nodes)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,24 +15,41 @@ from hindsight.config.legacy import as_written, current_path
 from hindsight.errors import ConfigError
 
 
-MAX_ALIASES = 100  # a hand-written config reuses a block a few times; an alias bomb, millions
+MAX_ALIASES = 100           # a hand-written config reuses a block a few times; an alias bomb, millions
+MAX_NODES = 100_000         # nodes of the document with every alias expanded (a config has hundreds)
+MAX_DEPTH = 64              # nesting of mappings and sequences
+MAX_SCALAR = 64 << 10       # characters of one value
+MAX_FILE_BYTES = 1 << 20    # a config file
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and alias bombs, naming the line."""
+    """SafeLoader that refuses duplicate keys, alias bombs, deep nesting and huge scalars, naming the line."""
 
     def __init__(self, stream):
         super().__init__(stream)
-        self.aliases = 0
+        self.aliases, self.depth = 0, 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             self.aliases += 1
             if self.aliases > MAX_ALIASES:
-                mark = self.peek_event().start_mark
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"more than {MAX_ALIASES} aliases (*name): refused, as an alias bomb would be", mark)
-        return super().compose_node(parent, index)
+                self._refuse(f"more than {MAX_ALIASES} aliases (*name): refused, as an alias bomb would be")
+        elif self.check_event(yaml.ScalarEvent) and len(self.peek_event().value) > MAX_SCALAR:
+            self._refuse(f"a value longer than {MAX_SCALAR >> 10} KiB characters: refused")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            self._refuse(f"nested deeper than {MAX_DEPTH} levels: refused")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def _refuse(self, why: str):
+        raise yaml.constructor.ConstructorError(None, None, why, self.peek_event().start_mark)
+
+    def construct_document(self, node):
+        _expanded_size(node)  # before anything is built from it
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -41,6 +60,36 @@ class _StrictLoader(yaml.SafeLoader):
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def _expanded_size(root) -> int:
+    """How many nodes the document has with every alias expanded, counted without expanding:
+    an alias is the same node object, so its size is computed once and counted each time it is used."""
+    sizes: dict[int, int] = {}
+    order, todo = [], [root]
+    while todo:  # children before parents, each node once
+        node = todo.pop()
+        if id(node) in sizes:
+            continue
+        sizes[id(node)] = 0
+        order.append(node)
+        todo += _children(node)
+    for node in reversed(order):
+        size = 1 + sum(sizes[id(c)] for c in _children(node))
+        if size > MAX_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"more than {MAX_NODES} nodes once its aliases are expanded: refused, as an alias bomb "
+                            f"would be", node.start_mark)
+        sizes[id(node)] = size
+    return sizes[id(root)]
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [x for pair in node.value for x in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def load_yaml(text: str):
@@ -59,7 +108,9 @@ def apply_override(raw: dict, assignment: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--set {assignment!r}: {part} is not a table")
     try:
-        node[parts[-1]] = yaml.safe_load(value)
+        node[parts[-1]] = load_yaml(value)  # the same bounds as a file
+    except RecursionError:
+        raise ConfigError(f"--set {assignment!r}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {assignment!r}: malformed YAML value ({getattr(exc, 'problem', None) or exc}); "
                           f"quote a string that holds YAML syntax") from None
@@ -72,6 +123,8 @@ def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] =
         raise ConfigError(f"{path}: {what} file not found")
     if not path.is_file():
         raise ConfigError(f"{path}: {what} path is a directory, not a YAML file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: {what} file is larger than {MAX_FILE_BYTES >> 20} MiB; a config is a few KB")
     data = path.read_bytes()
     if b"\x00" in data:
         raise ConfigError(f"{path}: {what} file is binary, not YAML text")
@@ -82,6 +135,8 @@ def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] =
         raise ConfigError(f"{path}:{line}: {what} file is not valid UTF-8 (byte {data[exc.start]:#04x})") from None
     try:
         raw = load_yaml(text)
+    except RecursionError:  # the parser itself, before the composer's depth check
+        raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

@@ -11,6 +11,7 @@ from hindsight.errors import DataError
 
 MAX_LINE_BYTES = 16 << 20  # one JSONL row; a longer line is refused before it is read whole
 MAX_DEPTH = 64             # nesting of one row (a chat message is 3 levels deep)
+MAX_FILE_BYTES = 4 << 30   # one data file, and what a parquet file unpacks to
 
 
 def nesting_depth(value) -> int:
@@ -33,6 +34,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
         raise DataError(f"{path}: data file not found")
     if not path.is_file():
         raise DataError(f"{path}: data path is a directory, not a JSONL file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise DataError(f"{path}: larger than {MAX_FILE_BYTES >> 30} GiB")
     rows = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), start=1):
@@ -138,10 +141,58 @@ def _load_parquet_rows(path: str) -> list[dict]:
 
     if not Path(path).exists():
         raise DataError(f"{path}: data file not found")
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as exc:  # not parquet, or a footer pyarrow cannot read
+        raise DataError(f"{path}: not a readable parquet file ({type(exc).__name__}: {str(exc)[:200]})") from None
+    check_parquet(path, meta)
     rows = pq.read_table(path).to_pylist()
     if not rows:
         raise DataError(f"{path}: dataset is empty")
     return rows
+
+
+def check_parquet(path: str, meta) -> None:
+    """A parquet file's sizes, read from its metadata before any value is: the file, what it
+    unpacks to, each column of each row group against the row cap JSONL has (MAX_LINE_BYTES a
+    row), and how deeply its columns nest."""
+    if Path(path).stat().st_size > MAX_FILE_BYTES:
+        raise DataError(f"{path}: larger than {MAX_FILE_BYTES >> 30} GiB")
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            size = col.total_uncompressed_size
+            total += size
+            if size > MAX_LINE_BYTES * max(group.num_rows, 1):
+                raise DataError(f"{path}: row group {g}, column {col.path_in_schema!r} holds {size >> 20} MiB for "
+                                f"{group.num_rows} row(s), more than {MAX_LINE_BYTES >> 20} MiB a row; split the "
+                                f"rows, or shorten their text")
+    if total > MAX_FILE_BYTES:
+        raise DataError(f"{path}: unpacks to {total >> 30} GiB, more than {MAX_FILE_BYTES >> 30} GiB")
+    depth = max((_type_depth(field.type) for field in meta.schema.to_arrow_schema()), default=0)
+    if depth > MAX_DEPTH:
+        raise DataError(f"{path}: a column nested deeper than {MAX_DEPTH} levels")
+
+
+def _type_depth(t) -> int:
+    """How deeply an arrow type nests lists and structs, without recursion."""
+    import pyarrow as pa
+
+    depth, todo = 0, [(t, 1)]
+    while todo:
+        item, level = todo.pop()
+        depth = max(depth, level)
+        if depth > MAX_DEPTH:
+            return depth
+        if pa.types.is_list(item) or pa.types.is_large_list(item) or pa.types.is_fixed_size_list(item):
+            todo.append((item.value_type, level + 1))
+        elif pa.types.is_struct(item):
+            todo.extend((item.field(i).type, level + 1) for i in range(item.num_fields))
+        elif pa.types.is_map(item):
+            todo.extend(((item.key_type, level + 1), (item.item_type, level + 1)))
+    return depth
 
 
 def _load_hub_rows(spec: str, split: str) -> list[dict]:

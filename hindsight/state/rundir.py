@@ -122,24 +122,28 @@ class RunDir:
                               f"{MARK} mark; give the run a folder of its own (default runs/NAME)")
         made = sorted(n for n in entries if n in MADE)
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.mark, {"by": "hindsight", "created": time.time(), "made": made})
-        if made:
+        if made:  # the mark is written with hindsight's first folder (`record`): a refused run leaves none
+            self._write_mark(made)
             log.info("run dir %s: made by an older hindsight (%s); marked as hindsight's", self.root, ", ".join(made))
         return self
+
+    def _write_mark(self, made: list[str]) -> None:
+        mark = read_json(self.mark, default=None) or {"by": "hindsight", "created": time.time()}
+        atomic_write_json(self.mark, {**mark, "made": sorted(made)})
 
     def made(self) -> list[str]:
         """The top-level folders hindsight made here (recorded in the mark)."""
         return list((read_json(self.mark, default={}) or {}).get("made", []))
 
     def record(self, name: str) -> Path:
-        """Note that hindsight makes the top-level folder `name` (before it writes there)."""
+        """Note that hindsight makes the top-level folder `name` (before it writes there); the
+        first one writes the mark. Called under the run lock, after `claim`."""
         if name not in MADE:
             raise ValueError(f"{name}: not a folder hindsight makes in a run directory")
-        mark = read_json(self.mark, default=None)
-        if mark is None:  # not claimed (a unit test writing one component alone): nothing to record in
-            return self.root / name
-        if name not in mark.get("made", []):
-            atomic_write_json(self.mark, {**mark, "made": sorted({*mark.get("made", []), name})})
+        made = self.made()
+        if name not in made or not self.mark.is_file():
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._write_mark(sorted({*made, name}))
         return self.root / name
 
     def sweep_temporaries(self) -> list[Path]:

@@ -326,6 +326,68 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, base_config(ws, user)), "--force"), starts_no_run=True)
 
 
+BOMB = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x]"] +
+                 [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)])
+
+
+@case("yaml-nodes-bomb")
+def _(ws, tmp):
+    """9 levels of 9 aliases: 72 aliases, under the alias cap, and 387 million nodes expanded."""
+    return Case(write_text_config(tmp, f"name: errs\nbomb:\n  {BOMB.replace(chr(10), chr(10) + '  ')}\n").args,
+                starts_no_run=True)
+
+
+@case("set-alias-bomb")
+def _(ws, tmp):
+    flow = "{" + ", ".join(BOMB.split("\n")).replace(": &", ": &") + "}"
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", f"rl.note={flow}"),
+                starts_no_run=True)
+
+
+@case("set-duplicate-key")
+def _(ws, tmp):
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run")), "--set", "rl.kl={coef: 0.1, coef: 0.2}"),
+                starts_no_run=True)
+
+
+@case("yaml-too-deep")
+def _(ws, tmp):
+    return Case(write_text_config(tmp, "name: errs\nrl: " + "[" * 50_000 + "]" * 50_000 + "\n").args,
+                starts_no_run=True)
+
+
+@case("config-too-large")
+def _(ws, tmp):
+    return Case(write_text_config(tmp, "name: errs\nnote: " + "x" * (2 << 20) + "\n").args, starts_no_run=True)
+
+
+@case("yaml-scalar-too-long")
+def _(ws, tmp):
+    return Case(write_text_config(tmp, "name: errs\nrl:\n  init: " + "x" * (100 << 10) + "\n").args,
+                starts_no_run=True)
+
+
+@case("prompt-too-long")
+def _(ws, tmp):
+    """A 15 MiB prompt (under the JSONL line cap) once took 6.1 GB and then tried 60 GB in evaluation."""
+    (tmp / "long.jsonl").write_text(json.dumps({"prompt": "Ann has 4 pens. " * ((15 << 20) // 16), "answer": "7"}) + "\n")
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = str(tmp / "long.jsonl")
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
+@case("parquet-huge-field")
+def _(ws, tmp):
+    """10 KB on disk, one 300 MB string inside: refused from its metadata, before it is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["x" * (300 << 20)], "answer": ["7"]}), tmp / "big.parquet", compression="zstd")
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = str(tmp / "big.parquet")
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
 @case("run-locked")
 def _(ws, tmp):
     (tmp / "run").mkdir()

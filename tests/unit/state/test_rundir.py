@@ -69,11 +69,13 @@ import pytest  # noqa: E402
 from hindsight.errors import ConfigError  # noqa: E402
 
 
-def test_a_new_folder_is_made_and_marked_and_an_empty_one_taken(tmp_path):
+def test_a_new_folder_is_made_and_marked_with_hindsights_first_folder_and_an_empty_one_taken(tmp_path):
     run = RunDir(tmp_path / "runs/a").claim()
-    assert run.mark.is_file() and run.made() == []
+    assert run.root.is_dir() and not run.mark.exists()  # a run refused right after leaves no file
+    run.record("sft")
+    assert run.mark.is_file() and run.made() == ["sft"]
     (tmp_path / "empty").mkdir()
-    assert RunDir(tmp_path / "empty").claim().mark.is_file()
+    assert RunDir(tmp_path / "empty").claim().record("rl") == tmp_path / "empty/rl"
 
 
 def test_a_folder_with_files_hindsight_did_not_make_is_refused_and_untouched(tmp_path):
