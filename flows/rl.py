@@ -179,10 +179,11 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
 
 def _checkpoint_for_resume(run, done: int) -> str:
     """Save the state a stop leaves behind, unless the update already broke the weights."""
-    if done and run.weights_finite():
+    if done and run.weights_healthy():
         run.checkpoint(done)
         return f"A checkpoint was saved at step {done}"
-    return (f"The weights are not finite, so nothing was saved; the newest good checkpoint is at step "
+    return (f"The weights are not healthy (not finite, or beyond model.max_weight_abs), so nothing was saved; the "
+            f"newest healthy checkpoint is at step "
             f"{run.ckpt.latest_step() or 0}")
 
 

@@ -13,7 +13,7 @@ from prefect.runtime import task_run
 
 from hindsight.config import PipelineConfig
 from hindsight.faults import crash_point
-from hindsight.state.checkpoint import require_finite
+from hindsight.state.checkpoint import require_healthy
 from hindsight.stage import StageContext, StageResult, StageSpec, model_name
 import tracking
 from tasks.cache import cache_key_from_inputs
@@ -32,7 +32,7 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
         tracking.log_context(cfg, run_id, data_md5)
         out = spec.story(StageContext(cfg=cfg, inputs=inputs, run_id=run_id,
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
-        require_finite(out.model_dir, spec.name)  # a NaN model is never registered
+        require_healthy(out.model_dir, spec.name, cfg.model.max_weight_abs)  # nor one that diverged to 1e30
         version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
         try:
             crash_point("registered", 0)

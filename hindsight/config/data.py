@@ -77,6 +77,8 @@ class ModelConfig(Strict):
         "float32", description="the trained weights' dtype; only float32 trains: see docs/fitting.md")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward (SFT, the reward "
                                          "model and RL): less memory for about a third more compute")
+    max_weight_abs: float = Field(1e4, gt=0, description="no stage checkpoints (RL) or registers a model with a "
+                                  "weight beyond +-this: a trained model's weights stay far below it")
 
     @field_validator("master_dtype")
     @classmethod

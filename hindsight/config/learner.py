@@ -12,6 +12,19 @@ from hindsight.config.base import Strict
 from hindsight.learning.strategies import STRATEGIES, get_strategy
 
 
+class HealthConfig(Strict):
+    """When a step has diverged (`learning.health`): bands relative to running medians."""
+    enabled: bool = True
+    grad_norm_factor: float = Field(100.0, gt=1, description="an optimizer step whose gradient norm is above this "
+                                    "times its running median stops the run before its checkpoint")
+    loss_factor: float = Field(100.0, gt=1, description="the same for |loss| (above factor x median |loss| + floor)")
+    loss_floor: float = Field(1.0, ge=0, description="what |loss| may always reach (RL losses sit near 0)")
+    weight_change: float = Field(0.5, gt=0, description="the weights' norm may change by at most this share of "
+                                 "itself in one optimizer step")
+    warmup_steps: int = Field(3, ge=1, description="optimizer steps before the medians are trusted")
+    window: int = Field(20, ge=1, description="optimizer steps the running medians are taken over")
+
+
 class LearnerConfig(Strict):
     lr: float = Field(1e-4, gt=0)
     clip_eps_low: float = Field(0.2, ge=0)
@@ -42,6 +55,7 @@ class LearnerConfig(Strict):
                                              "uses (CPUOffloadPolicy); the step runs there")
     publish_bucket_mb: float = Field(512.0, gt=0, description="new weights go this many MiB at a time: gathered from "
                                                               "an fsdp2 learner's shards, and pushed into a vLLM engine")
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
     @field_validator("strategy")
     @classmethod

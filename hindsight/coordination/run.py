@@ -65,6 +65,10 @@ class RLRun:
         self.learner = Learner(cfg, init_path, rm_path, self.ckpt, start, pad_id,
                                start_group=start_learner_group(cfg, pad_id, init_path, bool(start)))
         try:
+            if start and not self.weights_healthy():  # written by an older hindsight that checked finiteness only
+                raise CheckpointError(f"{self.ckpt.policy_dir(start)}: the checkpoint of step {start} holds weights "
+                                      f"beyond model.max_weight_abs {cfg.model.max_weight_abs:g}: a diverged run, not "
+                                      f"one to resume; rerun with --force to start over")
             self._start_roles(start, rows, pad_id, rm_path)
         except BaseException:  # what did start (the learner group, Ray pools) stops with the failure
             self._close_started()
@@ -166,9 +170,9 @@ class RLRun:
             try:
                 metrics.update(self.learner.train(exp, [r["group"] for r in train_rows]))
             except NonFiniteError as exc:
-                raise NonFiniteError(f"step {step}: {exc}, and the run stopped: nothing of this step is saved or "
-                                     f"registered. {self.newest_checkpoint()}; lower rl.learner.lr (or fix what made the loss "
-                                     f"non-finite), then rerun the same command to resume from it") from None
+                raise type(exc)(f"step {step}: {exc}, and the run stopped: nothing of this step is saved or registered. "
+                            f"{self.newest_checkpoint()}; lower rl.learner.lr (or fix what made the step diverge), then "
+                            f"rerun the same command to resume from it") from None
             self.rollouts.publish(self.learner.serving)
             self.store.write("advantages", step, advantage_rows(step, train_rows, exp))
             self.ledger.advance(step, "sealed", "scored")
@@ -202,20 +206,24 @@ class RLRun:
         yield
         self.updating, self.next_step = False, step + 1
 
-    def weights_finite(self) -> bool:
-        return self.learner.finite()
+    def weights_healthy(self) -> bool:
+        return self.learner.healthy(self.cfg.model.max_weight_abs)
 
     def newest_checkpoint(self) -> str:
-        """Where a stopped run resumes: checkpoints are written only from finite weights."""
+        """Where a stopped run resumes: checkpoints are written only after healthy steps, from
+        weights that are finite and within model.max_weight_abs."""
         step = self.ckpt.latest_step()
-        return (f"The newest checkpoint, all finite, is step {step} ({self.ckpt.policy_dir(step)})" if step
-                else "There is no checkpoint yet: a rerun starts from the beginning")
+        return (f"The newest checkpoint, healthy (written after steps within rl.learner.health's bands, every weight "
+                f"finite and within +-{self.cfg.model.max_weight_abs:g}), is step {step} "
+                f"({self.ckpt.policy_dir(step)})" if step else "There is no checkpoint yet: a rerun starts from the "
+                                                               "beginning")
 
     def checkpoint(self, done: int) -> None:
         if self.ckpt.latest_step() == done:
             return
-        if not self.weights_finite():  # never a checkpoint a resume would carry on from in NaN
-            raise NonFiniteError(f"step {done}: the policy's weights are not finite, so no checkpoint is written. "
+        if not self.weights_healthy():  # never a checkpoint a resume would carry on from in NaN or at 1e30
+            raise NonFiniteError(f"step {done}: the policy's weights are not finite or beyond model.max_weight_abs "
+                                 f"{self.cfg.model.max_weight_abs:g}, so no checkpoint is written. "
                                  f"{self.newest_checkpoint()}")
         self.rollouts.wait_ahead(done)  # async: the shards sampled with versions no checkpoint keeps
         self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint})

@@ -95,8 +95,10 @@ class Learner:
         model = self.policy if which == "policy" else self.critic
         return self.rank.strategy.full_state(model, which, self.alongside)
 
-    def finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.serving.parameters())
+    def healthy(self, max_abs: float) -> bool:
+        """Every weight of the serving copy finite and within +-`max_abs`."""
+        return all(bool(torch.isfinite(p).all()) and float(p.detach().abs().max()) <= max_abs
+                   for p in self.serving.parameters() if p.numel())
 
     def save(self, ckpt, step: int, tok, extra: dict) -> None:
         self.rank.strategy.checkpoint(ckpt, step, tok, extra, self.rank, self.serving, self.alongside)

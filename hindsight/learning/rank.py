@@ -16,6 +16,7 @@ from functools import partial
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.learning.build import build_critic, build_optimizer, build_policy
+from hindsight.learning.health import Health
 from hindsight.learning.strategies import get_strategy
 from hindsight.learning.update import learner_settings, update
 
@@ -27,6 +28,7 @@ class LearnerRank:
         base model and whether its adapter is read back from `sources["policy"]`."""
         self.rank, self.world, self.steps = rank, world, 0
         self.settings = learner_settings(rl)
+        self.health = Health(rl.learner.health)
         self.strategy = get_strategy(rl.learner.strategy)(rank, world, rl.learner)
         self.strategy.join(init_method, rl.workers.lease_ttl_s)
         self.critic = self.critic_optimizer = None
@@ -59,7 +61,7 @@ class LearnerRank:
     def train(self, exp: Experience) -> dict:
         """This rank's part of one update on the batch (every rank holds all of it)."""
         return update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
-                      share=self.strategy)
+                      share=self.strategy, health=self.health)
 
     # --- what rank 0 calls on a peer, alongside its own call --------------------------------
     def ready(self) -> int:

@@ -147,13 +147,14 @@ def _values(critic, exp: Experience, budget: int | None) -> torch.Tensor:
 
 
 def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, critic_optimizer=None,
-           share: Share | None = None) -> dict:
+           share: Share | None = None, health=None) -> dict:
     """Train on one stored batch: `num_iterations` passes over its mini-batches, one optimizer
     step each, gradients accumulated over each mini-batch's micro-batches. Returns the last
     pass's metrics (means over its mini-batches) and every pass's ratio.
 
     The batch's advantages are computed first if they are not set (`whole_batch_advantages`).
-    `share` is this rank's part in the learner group.
+    `share` is this rank's part in the learner group; `health` (`learning.health.Health`), when
+    given, stops a diverging step.
     """
     share = share or Share()
     exp = whole_batch_advantages(exp, s, critic, share)
@@ -172,7 +173,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
             parts = micro_batches(*lengths(mb), mb.group_size, s.micro_batch_tokens)
             scale = weight * share.grad_scale
             idle = share.most(len(parts)) - len(parts)  # zero-weighted micro-batches that join the collectives
-            step = _policy_step(model, optimizer, mb, parts, totals, s, share, scale, weight, idle)
+            step = _policy_step(model, optimizer, mb, parts, totals, s, share, scale, weight, idle, health)
             if critic is not None:
                 step.update(_critic_step(critic, critic_optimizer, mb, parts, totals, s, share, scale, weight, idle))
             steps.append({**step, "learn/padding_fraction": padding_fraction(mb, parts),
@@ -183,7 +184,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
 
 
 def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
-                 share: Share, scale: float, weight: float, idle: int = 0) -> dict:
+                 share: Share, scale: float, weight: float, idle: int = 0, health=None) -> dict:
     """One optimizer step on a mini-batch (this rank's rows of it), a micro-batch at a time.
     `weight` is 0 for a rank's stand-in row, and so are `idle` extra micro-batches of a rank with
     fewer than the others whose forwards are collectives: they join them and count for nothing."""
@@ -213,7 +214,11 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     grad_norm = _clip(model, s.max_grad_norm)
     sums = share.total(sums)  # the mini-batch's, over the learner group
     refuse_non_finite("policy", sums["loss"], grad_norm, optimizer)
+    if health is not None:
+        _healthy(health.before_step, optimizer, sums["loss"], float(grad_norm), model.parameters())
     optimizer.step()
+    if health is not None:
+        health.after_step(model.parameters())
     out = {k: v / max(totals.tokens, 1.0) for k, v in sums.items() if k != "loss"}
     if "is/mean" in out:
         out["is/max"] = is_max  # this rank's
@@ -261,6 +266,14 @@ def refuse_non_finite(what: str, loss: float, grad_norm: torch.Tensor, optimizer
     optimizer.zero_grad(set_to_none=True)
     raise NonFiniteError(f"the {what}'s loss is {loss:g} and its gradient norm {float(grad_norm):g}: the optimizer "
                          f"step was skipped")
+
+
+def _healthy(check, optimizer, *values) -> None:
+    try:
+        check(*values)
+    except Exception:
+        optimizer.zero_grad(set_to_none=True)
+        raise
 
 
 def _add(sums: dict, more: dict) -> None:

@@ -202,10 +202,10 @@ def load_tensor_file(path: str | Path):
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__})") from None
 
 
-def require_finite(folder, stage: str) -> None:
-    """Every tensor of the folder's safetensors files is finite, read one tensor at a time; else
-    a `NonFiniteError` naming the file and tensor (an all-NaN model must not be registered)."""
-    import torch
+def require_healthy(folder, stage: str, max_abs: float) -> None:
+    """Every tensor of the folder's safetensors files is finite and within +-`max_abs`
+    (`model.max_weight_abs`), read one tensor at a time; else a `NonFiniteError` naming the file
+    and tensor: a model whose training diverged, to NaN or to 1e30, is never registered."""
     from safetensors import safe_open
 
     from hindsight.errors import NonFiniteError
@@ -214,6 +214,13 @@ def require_finite(folder, stage: str) -> None:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 tensor = f.get_tensor(name)
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                if not tensor.is_floating_point():
+                    continue
+                if not bool(torch.isfinite(tensor).all()):
                     raise NonFiniteError(f"stage {stage}: {path.name} holds non-finite weights ({name}): the training "
                                          f"diverged, so nothing is registered; lower the stage's lr and rerun")
+                peak = float(tensor.abs().max()) if tensor.numel() else 0.0
+                if peak > max_abs:
+                    raise NonFiniteError(f"stage {stage}: {path.name} holds a weight of {peak:.3g} ({name}), beyond "
+                                         f"model.max_weight_abs {max_abs:g}: the training diverged, so nothing is "
+                                         f"registered; lower the stage's lr and rerun")

@@ -144,15 +144,27 @@ def test_every_value_the_learner_reads_is_in_the_resume_fingerprint(tmp_path):
         assert tried, f"no valid other value found for {'.'.join(path)}"
 
 
-@pytest.mark.parametrize("field", list(LearnerConfig.model_fields))
-def test_each_learner_knob_is_in_the_training_section(field, tmp_path):
+def _knobs(cls, prefix=()) -> list[tuple[str, ...]]:
+    """Every leaf field of a config block, nested blocks included."""
+    out = []
+    for name, field in cls.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out += _knobs(field.annotation, (*prefix, name))
+        else:
+            out.append((*prefix, name))
+    return out
+
+
+@pytest.mark.parametrize("knob", _knobs(LearnerConfig), ids=".".join)
+def test_each_learner_knob_is_in_the_training_section(knob, tmp_path):
     base = PipelineConfig.model_validate({"run_dir": str(tmp_path / "r"), "data": {"prompts": __file__},
                                           "rl": {"samples_per_prompt": 8, "learner": {"strategy": "fsdp2"},
                                                  "workers": {"placement": "ray"}}})
-    current = getattr(base.rl.learner, field)
-    for value in _candidates(LearnerConfig, field, current) or ["ddp"]:
+    owner = _dig(base.rl.learner, knob[:-1])
+    field, current = knob[-1], getattr(owner, knob[-1])
+    for value in _candidates(type(owner), field, current) or ["ddp"]:
         raw = base.model_dump(mode="json", by_alias=True)
-        raw["rl"]["learner"][field] = value
+        _with(raw["rl"]["learner"], knob, value)
         try:
             changed = PipelineConfig.model_validate(raw)
         except ValueError:
@@ -161,4 +173,4 @@ def test_each_learner_knob_is_in_the_training_section(field, tmp_path):
         b = run_fingerprint(changed, "i", None, lambda s: "x", ENGINES)["training"]
         assert a != b
         return
-    pytest.fail(f"no valid other value for rl.learner.{field}")
+    pytest.fail(f"no valid other value for rl.learner.{'.'.join(knob)}")
