@@ -7,10 +7,13 @@ the run is born in it): together they cannot hold more than `memory_mb`, files w
 sandbox's tmpfs included (tmpfs pages are charged to the cgroup that wrote them). Past
 it the kernel's OOM killer ends a process of the group, and the completion scores 0.
 
-cgroup v2 is used where the memory controller is enabled for a folder this process may write
-(a delegated subtree), else the v1 memory hierarchy (`/sys/fs/cgroup/memory`, writable by
-root, as in a container). With neither, `problem()` says why, and the code reward refuses to
-run unless its config opts out (`memory_scope: process`).
+The sandbox's group is made inside the job's own memory cgroup, so what the sandbox holds also
+counts against the job's own limit (a Kubernetes pod's, a container's): under cgroup v1 in the
+job's own folder of the memory hierarchy (`/sys/fs/cgroup/memory/<the job's>`, writable by
+root, as in a container); under v2 in the job's own folder when the memory controller is
+delegated there, else beside it (v2 lets no folder that holds processes have children with
+controllers: the job would have to move itself into a leaf). With neither, `problem()` says
+why, and the code reward refuses to run unless its config opts out (`memory_scope: process`).
 """
 from __future__ import annotations
 
@@ -27,17 +30,30 @@ _NAMES = itertools.count()
 
 @lru_cache(maxsize=1)
 def _base() -> tuple[str, Path] | None:
-    """("v2" or "v1", the folder new groups go in), or None."""
+    """("v2" or "v1", the folder new groups go in: the job's own memory cgroup where it can be), or None."""
     own = _own_v2_path()
-    for folder in ([own.parent, own] if own else []):
+    for folder in ([own, own.parent] if own else []):  # inside the job's own first
         controls = folder / "cgroup.subtree_control"
         try:
             if "memory" in controls.read_text().split() and os.access(folder, os.W_OK):
                 return "v2", folder
         except OSError:
             continue
-    if (_V1 / "memory.limit_in_bytes").exists() and os.access(_V1, os.W_OK):
-        return "v1", _V1
+    for folder in (_own_v1_path(), _V1):
+        if folder is not None and (folder / "memory.limit_in_bytes").exists() and os.access(folder, os.W_OK):
+            return "v1", folder
+    return None
+
+
+def _own_v1_path() -> Path | None:
+    """The job's own folder in the v1 memory hierarchy (`N:memory:/its/path` in /proc/self/cgroup)."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return _V1 / path.lstrip("/")
+    except (OSError, ValueError):
+        pass
     return None
 
 
@@ -85,13 +101,6 @@ class MemoryGroup:
     def procs(self) -> str:
         """The file a process writes its pid to, to enter the group (`sandbox._ENTER` does)."""
         return str(self.path / "cgroup.procs")
-
-    def peak_bytes(self) -> int | None:
-        name = "memory.peak" if self.kind == "v2" else "memory.max_usage_in_bytes"
-        try:
-            return int((self.path / name).read_text())
-        except (OSError, ValueError):
-            return None
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of the group for its memory."""

@@ -147,3 +147,25 @@ def test_without_a_memory_cgroup_the_code_reward_refuses_unless_told_otherwise(m
     with pytest.raises(SandboxUnavailable, match="no memory cgroup can be made here; set `args: {memory_scope: process}`"):
         code.preflight()
     assert code_tests(["def f():\n    return 1\n"], ["assert f() == 1"], memory_scope="process") == [1.0]
+
+
+def test_the_sandboxs_memory_group_is_inside_the_jobs_own():
+    """What the sandbox holds counts against the job's own memory limit too (a pod's, a container's)."""
+    from rewards import cgroup
+
+    kind, base = cgroup._base()
+    own = cgroup._own_v1_path() if kind == "v1" else cgroup._own_v2_path()
+    group = cgroup.MemoryGroup(64 << 20)
+    try:
+        assert group.path.parent == base and (base == own or (kind == "v2" and base == own.parent))
+        if kind == "v1":
+            assert base == own  # v1 allows groups under a folder that holds processes: always inside
+    finally:
+        group.close()
+
+
+def test_the_kuberay_example_binds_the_dashboard_to_loopback():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs/deploy.md").read_text()
+    assert "dashboard-host: 0.0.0.0" not in text and "rayStartParams: {dashboard-host: 127.0.0.1}" in text
