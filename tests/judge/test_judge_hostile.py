@@ -101,13 +101,18 @@ def test_no_verdict_or_two_verdicts_are_refused_and_counted(stands, tmp_path):
     assert parse_score("The answer is right. score: 1") is None  # a verdict is a line of its own
 
 
-def test_a_redirect_to_another_origin_never_gets_the_key(stands, tmp_path, monkeypatch):
+@pytest.mark.parametrize("code", [302, 307])
+def test_a_redirect_to_another_origin_never_gets_the_key(stands, tmp_path, monkeypatch, code):
+    seen_elsewhere = []  # a GET too: urllib turned a redirected POST into one, and sent the key with it
     other = stands(lambda h, prompt: h._send(200, chat("score: 1")))
-    moved = stands(lambda h, prompt: h._send(307, b"", [("Location", other.url + "/chat/completions")]))
+    other.server.RequestHandlerClass.do_GET = lambda h: (seen_elsewhere.append(h.headers.get("Authorization")),
+                                                         h._send(200, chat("score: 1")))
+    moved = stands(lambda h, prompt: h._send(code, b"", [("Location", other.url + "/chat/completions")]))
     monkeypatch.setenv("JUDGE_KEY", "sk-secret")
-    result = judged(moved.url, ["7"], tmp_path, api_key_env="JUDGE_KEY")
+    result = judged(moved.url, ["7"], tmp_path, api_key_env="JUDGE_KEY", retries=2)
     assert result.per_fn["judge"] == [-1.0] and result.failures == {"judge": 1}
-    assert moved.seen[0]["auth"] == "Bearer sk-secret" and other.seen == []  # the other origin heard nothing
+    assert moved.seen[0]["auth"] == "Bearer sk-secret" and len(moved.seen) == 1  # not retried either
+    assert other.seen == [] and seen_elsewhere == []  # the other origin heard nothing
 
 
 def _stream(handler, pieces, pause, stand):
