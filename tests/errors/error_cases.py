@@ -388,6 +388,21 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
 
 
+@case("parquet-too-deep")
+def _(ws, tmp):
+    """A column nested 200 deep (a traceback before): pyarrow refuses its footer, and so do we, in one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.int64()
+    for _ in range(200):
+        t = pa.list_(t)
+    pq.write_table(pa.table({"prompt": pa.array([None], type=t)}), tmp / "deep.parquet")
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = str(tmp / "deep.parquet")
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
 @case("run-locked")
 def _(ws, tmp):
     (tmp / "run").mkdir()
