@@ -1,6 +1,7 @@
 """docs/deploy.md's local-pool section, run as written: its shell blocks in order, the worker's
 block in the background as its own terminal, against a fresh PREFECT_HOME, ending in a
-Completed flow run. Only the port differs (a free one instead of 4200)."""
+Completed flow run that the worker picked up, with the stage runs and the registered policy in
+MLflow and the run in HINDSIGHT_WORKDIR. Only the port differs (a free one instead of 4200)."""
 import os
 import re
 import signal
@@ -58,8 +59,11 @@ def test_the_local_pool_section_runs_as_written(tmp_path):
     work = repo / "work"
     assert not (repo / "params.json").exists() and (work / "params.json").exists()  # nothing written into the repo
     client = MlflowClient(f"sqlite:///{work}/mlflow.db")
-    assert client.get_model_version_by_alias("smoke-policy", "latest")  # where the docs say the runs go
-    assert "picked up" in (tmp_path / "worker.log").read_text().lower() or (work / "runs" / "smoke").is_dir()
+    assert client.get_model_version_by_alias("smoke-policy", "latest").run_id  # where the docs say the runs go
+    names = {r.info.run_name for r in client.search_runs([client.get_experiment_by_name("hindsight").experiment_id])}
+    assert {"pipeline", "sft", "reward-model", "rl"} <= names
+    assert "submitting flow run" in (tmp_path / "worker.log").read_text()  # the worker picked it up
+    assert (work / "runs/smoke/rl/reports/step-000004.html").exists()  # the flow ran in HINDSIGHT_WORKDIR
 
 
 def _exports(block: str) -> str:

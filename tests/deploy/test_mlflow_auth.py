@@ -1,6 +1,7 @@
 """The shared MLflow recipe of docs/deploy.md with MLflow's built-in basic auth, on loopback: an
-unauthenticated write is refused, and the pipeline runs and registers with the credentials from
-the environment (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)."""
+unauthenticated write is refused, and the RL stage runs and registers with the credentials from
+the environment (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD), everything through the
+server (runs, metrics, proxied artifacts, the registry), nothing in a local store."""
 import base64
 import json
 import os
@@ -62,7 +63,15 @@ def test_basic_auth_refuses_anonymous_writes_and_the_pipeline_runs_with_credenti
         os.environ.update({"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": secret})
         try:
             client = MlflowClient(url, registry_uri=url)
-            assert str(client.get_model_version_by_alias("authed-policy", "latest").version) == "1"
+            mv = client.get_model_version_by_alias("authed-policy", "latest")
+            assert str(mv.version) == "1"
+            # a shared server: runs, metrics, artifacts and the registry all went through its REST API
+            assert mv.source.startswith("mlflow-artifacts:/")  # stored by the server, not on the client's disk
+            assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlartifacts").exists()
+            assert list((home / "artifacts").rglob("model.safetensors"))
+            rl = client.get_run(mv.run_id)
+            assert rl.data.metrics["eval/accuracy"] >= 0 and "reward/mean" in rl.data.metrics
+            assert {"reports", "plots"} <= {f.path for f in client.list_artifacts(mv.run_id)}
         finally:
             for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
                 os.environ.pop(k, None)

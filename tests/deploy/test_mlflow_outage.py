@@ -15,7 +15,7 @@ from tests.configs import rl_only, write
 from tests.conftest import _free_port, served
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 30
+STEPS = 12
 
 
 def _mlflow(home: Path, port: int):
@@ -33,8 +33,8 @@ def _steps_logged(metrics_file: Path) -> int:
 def test_killing_the_mlflow_server_mid_run_loses_nothing_after_sync(tiny_init, prefect_api, tmp_path):
     work, init = tiny_init
     write(tmp_path / "rl.yaml", rl_only("outage", work / "data", init, steps=STEPS, prompts_per_step=4,
-                                        samples_per_prompt=4, kl={"coef": 0.0}, eval_every=100, save_every=10,
-                                        report_every=10, rollout={"max_new_tokens": 4}) | {"retries": {"count": 0}})
+                                        samples_per_prompt=4, kl={"coef": 0.0}, eval_every=100, save_every=4,
+                                        report_every=4, rollout={"max_new_tokens": 4}) | {"retries": {"count": 0}})
     home, port = tmp_path / "mlflow", _free_port()
     home.mkdir()
     url = f"http://127.0.0.1:{port}"

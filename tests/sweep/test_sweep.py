@@ -20,12 +20,10 @@ metric: eval/accuracy
 max_concurrency: 2
 set: {{rl.steps: 2, rl.save_every: 2, rl.eval_every: 2, negative_ft.enabled: false}}
 params:
-  rl.rewards:
+  rl.scoring.rewards:
     - [{{fn: "rewards.exact:exact_answer", weight: 1.0}}]
-    - [{{fn: "rewards.exact:exact_answer", weight: 0.5}}]
     - [{{fn: "sweep_rewards:wrong_length"}}]
     - [{{fn: "rewards.exact:exact_answer", weight: 2.0}}]
-    - [{{fn: "rewards.exact:exact_answer", weight: 1.5}}]
 """
 
 
@@ -48,14 +46,14 @@ def swept(tmp_path_factory, prefect_api):
 def test_trials_are_nested_ranked_and_the_best_is_aliased(swept):
     work, env, first = swept
     ranked = json.loads((work / "runs/sweep-test/ranking.json").read_text())
-    assert [r["status"] for r in ranked] == ["finished"] * 4 + ["failed"]
-    assert ranked[-1]["trial"] == "t02" and "returned 17 scores for 16 completions" in ranked[-1]["error"]
+    assert [r["status"] for r in ranked] == ["finished"] * 2 + ["failed"]
+    assert ranked[-1]["trial"] == "t01" and "returned 17 scores for 16 completions" in ranked[-1]["error"]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("hindsight")
     parent = client.search_runs([exp.experiment_id], "attributes.run_name = 'sweep-sweep-test'")[0]
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert sorted(r.info.status for r in children if r.info.run_name == "rl") == ["FAILED"] + ["FINISHED"] * 4
-    assert {r.data.params["run_dir"] for r in children} == {f"runs/sweep-test/t0{i}" for i in range(5)}
+    assert sorted(r.info.status for r in children if r.info.run_name == "rl") == ["FAILED"] + ["FINISHED"] * 2
+    assert {r.data.params["run_dir"] for r in children} == {f"runs/sweep-test/t0{i}" for i in range(3)}
     artifacts = {f.path for f in client.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/ranking.txt", "sweep/ranking.json", "sweep/curves.png", "sweep/accuracy.png"} <= artifacts
     best = client.get_model_version_by_alias("smoke-policy", "best")
@@ -70,9 +68,9 @@ def test_rerun_skips_finished_trials_and_retries_the_failed_one(swept):
     again = hindsight(["sweep", "-c", "sweep.yaml"], work, env)
     assert again.returncode == 0, again.stderr[-3000:]
     out = again.stdout + again.stderr
-    cached = [t for t in ("t00", "t01", "t03", "t04") if f"Task run 'trial-{t}' - Finished in state Cached" in out]
-    assert cached == ["t00", "t01", "t03", "t04"]
-    assert "trial t02 failed" in out  # not cached: tried again
+    cached = [t for t in ("t00", "t02") if f"Task run 'trial-{t}' - Finished in state Cached" in out]
+    assert cached == ["t00", "t02"]
+    assert "trial t01 failed" in out  # not cached: tried again
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("hindsight")
     parents = client.search_runs([exp.experiment_id], "attributes.run_name = 'sweep-sweep-test'")
