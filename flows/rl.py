@@ -17,7 +17,7 @@ from hindsight.data.rows import format_mismatch
 from hindsight.models.export import export_adapter, export_merged
 from hindsight.errors import AlertStop, Preempted
 from hindsight.faults import crash_point
-from hindsight.state.fsutil import append_line
+from hindsight.fsutil import append_line
 from hindsight.state.rundir import RunDir
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.preemption import Preemption

@@ -10,7 +10,7 @@ from flows.reward_model import reward_model_flow
 from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
 from hindsight.console import say
-from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.fsutil import atomic_write_bytes
 from hindsight.stage import model_name
 from hindsight.config.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
 import tracking

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
-from hindsight.state.fsutil import file_sha256
+from hindsight.fsutil import file_sha256
 from hindsight.scoring.rewards import check_reward, reward_source_hash
 
 

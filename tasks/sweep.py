@@ -16,7 +16,7 @@ from prefect import task
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import StageError
-from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.fsutil import atomic_write_bytes
 import tracking
 from tasks.cache import cache_key_from_inputs
 

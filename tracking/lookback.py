@@ -11,7 +11,7 @@ from hindsight.config import PipelineConfig
 from hindsight.data.chat import display_prompt
 from hindsight.errors import ConfigError
 from hindsight.scoring.evaluate import judge
-from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.fsutil import atomic_write_bytes
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.lookback.rebuild import owns
 from hindsight.state.rundir import RunDir

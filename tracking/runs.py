@@ -15,7 +15,7 @@ from mlflow.entities import Param, RunTag
 
 from hindsight.config import PipelineConfig, flatten
 from hindsight.errors import AlertStop, Preempted
-from hindsight.state.fsutil import atomic_write_json, read_json
+from hindsight.fsutil import atomic_write_json, read_json
 from tracking.metrics import flush_metrics
 from tracking.store import client, experiment_id
 from tracking.writes import write

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hindsight.state.rundir import RunDir
 
-from hindsight.state.fsutil import append_line, atomic_write_json, read_json
+from hindsight.fsutil import append_line, atomic_write_json, read_json
 
 log = logging.getLogger("hindsight.tracking")
 RETRY_S = 30.0

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import TrackingError
-from hindsight.state.fsutil import file_sha256
+from hindsight.fsutil import file_sha256
 from tracking.spool import OUTAGE, Spool, unreachable
 from tracking.store import client_for, tracking_uri
 

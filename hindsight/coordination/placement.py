@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from hindsight.errors import ConfigError
-from hindsight.state.fsutil import append_line, atomic_write_json, read_json
+from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
 from hindsight.state.rundir import RLDir
 from hindsight.coordination.roles import deal

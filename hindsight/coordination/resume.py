@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from hindsight.state.fingerprint import Changes, check_resume, compare
-from hindsight.state.fsutil import append_line, atomic_write_json, read_json
+from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.lookback.history import read_rows
 from hindsight.state.rundir import RLDir
 

@@ -36,7 +36,7 @@ from hindsight.rollout.engines import ENGINES
 from hindsight.scoring.rewards import check_reward, reward_source_hash
 from hindsight.state.checkpoint import CheckpointManager, checkpoint_due
 from hindsight.state.fingerprint import run_fingerprint
-from hindsight.state.fsutil import append_line, atomic_write_json
+from hindsight.fsutil import append_line, atomic_write_json
 from hindsight.state.ledger import Ledger
 from hindsight.state.rundir import RunDir
 from hindsight.state.store import RolloutStore

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 from hindsight.errors import ConfigError
-from hindsight.state.fsutil import atomic_write_json, read_json
+from hindsight.fsutil import atomic_write_json, read_json
 from hindsight.state.rundir import RLDir
 
 

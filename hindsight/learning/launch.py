@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from hindsight.errors import StageError
-from hindsight.state.fsutil import append_line, atomic_write_json
+from hindsight.fsutil import append_line, atomic_write_json
 
 TRAINERS = {"sft": "hindsight.learning.trainers:train_sft",
             "reward-model": "hindsight.learning.trainers:train_reward_model"}

@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from hindsight.state.fsutil import append_line, atomic_write_bytes
+from hindsight.fsutil import append_line, atomic_write_bytes
 
 
 class MetricsLog:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.fsutil import atomic_write_bytes
 from hindsight.lookback.history import as_float
 
 

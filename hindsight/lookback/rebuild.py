@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hindsight.errors import CheckpointError
-from hindsight.state.fsutil import atomic_write_bytes, read_json
+from hindsight.fsutil import atomic_write_bytes, read_json
 from hindsight.lookback.history import MetricsLog
 from hindsight.lookback.plots import write_run_plots
 from hindsight.lookback.report import render_step_report

@@ -7,7 +7,7 @@ from hindsight.lookback.history import MetricsLog
 from hindsight.state.rundir import RunDir
 from hindsight.lookback.plots import curves
 from hindsight.lookback.report import text_table
-from hindsight.state.fsutil import atomic_write_bytes
+from hindsight.fsutil import atomic_write_bytes
 
 
 def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:

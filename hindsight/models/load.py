@@ -26,10 +26,12 @@ def disable_dropout(model) -> None:
                 setattr(module, attr, 0.0)
 
 
-def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/models",
-                       field: str = "model.base") -> str:
-    """`tiny://demo` or `tiny://qwen2` builds (once) a tiny model in code; a local path must exist;
-    a hub id passes."""
+MODEL_CACHE = ".hindsight/models"  # built-in tiny models and imported GGUF files, relative to the working directory
+
+
+def resolve_model_path(name_or_path: str, cache_dir: str | Path = MODEL_CACHE, field: str = "model.base") -> str:
+    """`tiny://demo` or `tiny://qwen2` builds (once) a tiny model in code; a `.gguf` file is
+    imported (once) into a plain folder (`models.gguf`); a local path must exist; a hub id passes."""
     if name_or_path.startswith("tiny://"):
         from hindsight.models.tiny import TINY
 
@@ -40,6 +42,10 @@ def resolve_model_path(name_or_path: str, cache_dir: str | Path = ".hindsight/mo
         if not target.exists():
             TINY[name](target)
         return str(target)
+    from hindsight.models.gguf import cached_import, is_gguf
+
+    if is_gguf(name_or_path):
+        return cached_import(name_or_path, cache_dir, field)[0]
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
         raise ConfigError(f"{field}: model path {name_or_path} does not exist (expected a model folder)")
@@ -54,6 +60,32 @@ def _loading(path: str, what: str, load):
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise CheckpointError(f"{path}: cannot load {what} ({type(exc).__name__}: {first})") from exc
+
+
+def quantized_entry(path: str) -> str | None:
+    """The quantization a model folder's config.json declares (`quantization_config`), or None:
+    hindsight trains and saves full-precision weights, and a model loaded with a quantizer (a
+    GGUF's, bitsandbytes') cannot be saved at its first checkpoint."""
+    import json
+
+    config = Path(path) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    quant = data.get("quantization_config") if isinstance(data, dict) else None
+    if not quant:
+        return None
+    return str(quant.get("quant_method", "?")) if isinstance(quant, dict) else "?"
+
+
+def require_savable(model, where: str) -> None:
+    """The refusal `save_pretrained` would give at the first checkpoint, given before step 1."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and not getattr(quantizer, "is_serializable", lambda: True)():
+        raise ConfigError(f"{where}: the model is loaded with a {type(quantizer).__name__} that cannot be saved, so "
+                          f"no checkpoint of it could be written; give a full-precision folder (a GGUF file is "
+                          f"imported into one: `hindsight model import`)")
 
 
 def load_tokenizer(path: str):

@@ -31,7 +31,7 @@ import torch
 
 from hindsight.errors import CheckpointError
 from hindsight.faults import crash_point
-from hindsight.state.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, file_sha256, read_json
+from hindsight.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, file_sha256, read_json
 
 log = logging.getLogger("hindsight.state.checkpoint")
 _COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer", "learner_state")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hindsight.errors import CheckpointError
-from hindsight.state.fsutil import file_sha256
+from hindsight.fsutil import file_sha256
 
 SECTIONS = ("sampling", "algorithm", "scoring", "training")
 

