@@ -254,6 +254,23 @@ def data_build(out: Path = typer.Option(Path("data"), "--out", help="output fold
         typer.echo(f"matches {check}")
 
 
+def model_import(src: Path = typer.Argument(..., help="a .gguf model file"),
+                 out: Path = typer.Argument(..., help="the Hugging Face folder to write (new, or an earlier import)"),
+                 debug: bool = typer.Option(False, "--debug", help="show tracebacks")):
+    """De-quantize a GGUF model into a plain folder that trains, saves, and loads with plain
+    transformers (what `model.base: x.gguf` does once, into a cache)."""
+    def go():
+        from hindsight.errors import ConfigError
+        from hindsight.models.gguf import import_gguf, intact
+
+        if not src.is_file():
+            raise ConfigError(f"{src}: no such file (expected a .gguf model file)")
+        folder = import_gguf(src, out, field="model import")
+        typer.echo(f"imported {src} into {folder} (full precision; its checksums in {folder}/hindsight-import.json)")
+
+    guard(go, debug)
+
+
 def build_app() -> typer.Typer:
     """The command tree, with a `run` command per registered stage (read when it is built)."""
     app = typer.Typer(add_completion=False, no_args_is_help=True, help="hindsight: post-training you can look back on.")
@@ -274,4 +291,7 @@ def build_app() -> typer.Typer:
     server_app.command("status")(server_status)
     app.command("sync")(sync)
     data_app.command("build")(data_build)
+    model_app = typer.Typer(no_args_is_help=True, help="Models from where users have them.")
+    app.add_typer(model_app, name="model")
+    model_app.command("import")(model_import)
     return app

@@ -14,7 +14,7 @@ from hindsight.errors import DataError, HindsightError, StageError, TrackingErro
 from hindsight.console import say
 from hindsight.state.rundir import RunDir
 from hindsight.state.runlock import run_lock
-from hindsight.stage import StageContext, StageResult, StageSpec, check_prompts, preflight
+from hindsight.stage import StageContext, StageResult, StageSpec, check_models, check_prompts, preflight
 from tasks.cache import declared_key
 from tasks.stages import stage_task
 from tracking.spool import Spool
@@ -40,6 +40,7 @@ def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_i
         paths, versions = {}, {}
         for role, uri in spec.models(cfg).items():
             paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)
+        check_models(paths)
         check_prompts(spec, cfg, paths)  # with the input model at hand, still before any MLflow run
         key = declared_key(spec, cfg, versions, data_md5)
         RunDir.of(cfg).record(spec.workdir)  # before the stage writes there: --force and the sweep may touch it

@@ -89,6 +89,17 @@ def preflight(spec: StageSpec, cfg: PipelineConfig) -> None:
         spec.checks(cfg)
 
 
+def check_models(paths: dict) -> None:
+    """Every model the stage loads can be saved as it will be at each checkpoint: a quantized
+    config or a config transformers refuses to write is one error naming the field, before any
+    MLflow run starts and long before the first checkpoint (`models.savable`)."""
+    from hindsight.models.savable import check_model_folder
+
+    for field, path in paths.items():
+        if path:
+            check_model_folder(path, field)
+
+
 def check_prompts(spec: StageSpec, cfg: PipelineConfig, paths: dict) -> None:
     """The prompts the stage samples from (`prompts`, `eval`) fit its input model: a prompt past
     `data.max_prompt_tokens` or the model's context is one error, before any MLflow run starts."""
@@ -142,7 +153,12 @@ def code_version(*packages) -> str:
 
 
 def _external_file_hash(cfg: PipelineConfig, path: str) -> str | None:
-    """Files inside the DVC-tracked data dir are covered by its md5; others are hashed here."""
+    """Files inside the DVC-tracked data dir are covered by its md5; others are hashed here;
+    procedural data is its spec (seed and split in it) and its generator's version."""
+    from hindsight.data.procedural import is_procedural, version
+
+    if is_procedural(path):
+        return version(path)
     p, data_dir = Path(path).resolve(), Path(cfg.data.dir).resolve()
     if data_dir in p.parents or not p.is_file():
         return None

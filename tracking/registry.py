@@ -10,7 +10,7 @@ from mlflow.exceptions import MlflowException
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import ConfigError
-from hindsight.models.gguf import cached_import, is_gguf
+from hindsight.models.gguf import cached_import, is_gguf, package_file
 from hindsight.models.load import MODEL_CACHE, resolve_model_path
 from tracking.store import client
 from tracking.writes import file_checksums, register_version, write
@@ -50,6 +50,7 @@ def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
     A local path, `tiny://` or a hub id resolves through `resolve_model_path`, with itself
     as its version string. `field` is the config key the uri came from, for error messages.
     """
+    uri = package_file(uri, field)
     if is_gguf(uri):  # imported once into a cache folder; its version is the file's sha256
         return cached_import(uri, MODEL_CACHE, field)
     if not uri.startswith("models:/"):

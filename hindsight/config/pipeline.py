@@ -80,6 +80,19 @@ class PipelineConfig(Strict):
         return Path(self.run_dir or f"runs/{self.name}")
 
 
+def beside_the_config(path: Path) -> None:
+    """The config's folder at the end of the import path, hindsight's own reward package bound
+    first: a folder of the user's named `rewards/` (a namespace package, no __init__.py) would
+    otherwise take the name from an editable install's finder, and with it the built-in rewards."""
+    import importlib
+    import sys
+
+    importlib.import_module("rewards")  # by name: the config layer never imports a reward itself
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
 def refuse_system_folder(path: Path) -> None:
     """At load time already: never `/` or a system folder (the run directory's own claim refuses
     the home folder, the working directory and a folder that is not hindsight's, `state.rundir`)."""
@@ -89,7 +102,11 @@ def refuse_system_folder(path: Path) -> None:
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """The config at `path`, its folder made importable: a reward module beside the config
+    (`fn: my_rewards:score`, the file my_rewards.py next to it) imports without PYTHONPATH, in
+    this process and in the ones it starts (the reward worker, Ray actors, the async sampler)."""
     raw, text = read_yaml_mapping(path, overrides)
+    beside_the_config(Path(path))
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:

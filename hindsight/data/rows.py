@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from hindsight.data.chat import as_chat, format_of, normalise_row
+from hindsight.data.procedural import is_procedural, load_procedural
 from hindsight.errors import DataError
 
 
@@ -70,14 +71,17 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
 
 def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
               columns: dict[str, str] | None = None, limit: int | None = None, chat: dict | None = None) -> list[dict]:
-    """Load a local .jsonl/.parquet file or a hub dataset (`hf://name[:config]`).
+    """Load a local .jsonl/.parquet file, a hub dataset (`hf://name[:config]`) or procedural
+    tasks (`rg://task?size=N&seed=S`, `data.procedural`).
 
     `columns` renames source columns to the names the stage expects, so GSM8K's
     `question`/`answer` can feed `prompt`/`answer` without a conversion step. `chat`
     ({"system": text or None}) turns plain-text columns into chat turns (`data.prompt_format`).
     `DataConfig.reading(name)` gives all of these for one of the config's files.
     """
-    if source.startswith("hf://"):
+    if is_procedural(source):
+        rows = load_procedural(source)
+    elif source.startswith("hf://"):
         rows = _load_hub_rows(source.removeprefix("hf://"), split)
     elif source.endswith(".parquet"):
         rows = _load_parquet_rows(source)

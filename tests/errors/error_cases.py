@@ -638,3 +638,48 @@ def _(ws, tmp):
     cfg["sft"] = {"enabled": True, "lr": 1e30, "max_steps": 3, "batch_size": 8, "max_length": 32}
     cfg["model"] = {"base": str(ws.init)}
     return Case(["run", "sft", "-c", str(write_config(tmp, cfg).name)], keeps_state=True)
+
+
+def _model_copy(ws, tmp, edit) -> Case:
+    """The tiny init model copied, one of its files edited: a folder that loads."""
+    model = tmp / "model"
+    shutil.copytree(ws.init, model)
+    edit(model)
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", init=str(model)))), starts_no_run=True)
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**data, **changes}))
+
+
+@case("quantized-config")
+def _(ws, tmp):
+    return _model_copy(ws, tmp, lambda m: _edit_json(m / "config.json", quantization_config={"quant_method": "gguf"}))
+
+
+@case("model-not-savable")
+def _(ws, tmp):
+    return _model_copy(ws, tmp, lambda m: _edit_json(m / "generation_config.json", num_return_sequences=3))
+
+
+@case("gguf-not-a-model")
+def _(ws, tmp):
+    (tmp / "notes.gguf").write_bytes(b"these are my notes, not a model\n" * 64)
+    cfg = base_config(ws, tmp / "run", init=str(tmp / "notes.gguf"))
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
+@case("reward-name-collides")
+def _(ws, tmp):
+    (tmp / "rewards").mkdir()
+    (tmp / "rewards" / "math_reward.py").write_text("def score(completions, **kw):\n    return [0.0] * len(completions)\n")
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "rewards.math_reward:score"}]})
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
+@case("procedural-split")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = "rg://chain_sum?size=8&seed=1&holdout=0.2"
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
