@@ -17,6 +17,7 @@ from prefect import task
 from hindsight.config import PipelineConfig
 from hindsight.errors import StageError
 from hindsight.fsutil import atomic_write_bytes
+from hindsight.state.rundir import RunDir
 import tracking
 from tasks.cache import cache_key_from_inputs
 
@@ -25,23 +26,23 @@ from tasks.cache import cache_key_from_inputs
 def trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_run_id: str, metric: str,
                api_url: str | None, cache_key: str) -> dict:
     """One trial's RL stage; raises (and is not cached) when the trial fails."""
-    cfg.root.mkdir(parents=True, exist_ok=True)
-    cfg_file, result_file = cfg.root / "trial.yaml", cfg.root / "trial-result.json"
+    run = RunDir(cfg.root).claim()
+    cfg_file, result_file, log_file = run.trial_config, run.trial_result, run.trial_log
     atomic_write_bytes(cfg_file, yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True)).encode())
     result_file.unlink(missing_ok=True)
     env = {**os.environ, **({"PREFECT_API_URL": api_url} if api_url else {})}
     cmd = [sys.executable, "-m", "cli", "run", "rl", "-c", str(cfg_file),
            "--parent-run-id", parent_run_id, "--result-json", str(result_file)]
-    with open(cfg.root / "trial.log", "w") as log:
+    with open(log_file, "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        lines = (cfg.root / "trial.log").read_text(errors="replace").splitlines()
+        lines = log_file.read_text(errors="replace").splitlines()
         why = next((ln for ln in reversed(lines) if ln.startswith(("error:", "stopped:"))), lines[-1] if lines else "")
-        raise StageError(f"trial {trial} exited {proc.returncode}: {why} (log: {cfg.root / 'trial.log'})")
+        raise StageError(f"trial {trial} exited {proc.returncode}: {why} (log: {log_file})")
     result = json.loads(result_file.read_text())
-    run = tracking.client(cfg).get_run(result["run_id"])
-    return {"trial": trial, **params, "status": "finished", metric: run.data.metrics.get(metric),
-            "reward/mean": run.data.metrics.get("reward/mean"), "version": result["version"],
+    metrics = tracking.client(cfg).get_run(result["run_id"]).data.metrics
+    return {"trial": trial, **params, "status": "finished", metric: metrics.get(metric),
+            "reward/mean": metrics.get("reward/mean"), "version": result["version"],
             "run_id": result["run_id"], "run_dir": str(cfg.root)}
 
 

@@ -15,6 +15,7 @@ from mlflow.entities import Param, RunTag
 
 from hindsight.config import PipelineConfig, flatten
 from hindsight.errors import AlertStop, Preempted
+from hindsight.state.rundir import RunDir
 from hindsight.fsutil import atomic_write_json, read_json
 from tracking.metrics import flush_metrics
 from tracking.store import client, experiment_id
@@ -35,13 +36,12 @@ def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, 
     return run.info.run_id
 
 
-OPEN_RUNS = "mlflow-open-runs.json"  # in the run directory: runs started and not yet ended
 
 
 def _record_open(cfg: PipelineConfig, run_id: str, is_open: bool) -> None:
     """Keep the run directory's list of its MLflow runs that are still open: a SIGKILLed process
     cannot end them, so the next start does (`end_orphaned_runs`)."""
-    path = cfg.root / OPEN_RUNS
+    path = RunDir.of(cfg).open_runs
     runs = set(read_json(path) or []) if path.exists() else set()
     runs = runs | {run_id} if is_open else runs - {run_id}
     if runs:
@@ -53,7 +53,7 @@ def _record_open(cfg: PipelineConfig, run_id: str, is_open: bool) -> None:
 def end_orphaned_runs(cfg: PipelineConfig) -> list[str]:
     """End as KILLED the runs a killed process left RUNNING in this run directory (called at a
     stage's start, under the run lock, so none of them can still be live)."""
-    path = cfg.root / OPEN_RUNS
+    path = RunDir.of(cfg).open_runs
     orphans = [r for r in (read_json(path) or []) if r not in _ACTIVE] if path.exists() else []
     ended = []
     for run_id in orphans:

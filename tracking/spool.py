@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -36,7 +37,9 @@ def unreachable(exc: BaseException) -> bool:
 
 class Spool:
     def __init__(self, run_dir: str | Path):
-        self.dir = RunDir(run_dir).spool
+        # absolute: a spooled path must name its file from wherever `hindsight sync` runs, and
+        # the replay refuses any path that is not absolute and inside the run directory
+        self.dir = RunDir(os.path.abspath(run_dir)).spool
         self.ops = self.dir / "ops.jsonl"
         self.done = self.dir / "done.json"          # how many ops of ops.jsonl are replayed
         self.registered = self.dir / "registered.json"  # run_id -> version, for registrations replayed
@@ -50,6 +53,8 @@ class Spool:
             keep.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, keep)
             payload["path"] = str(keep)
+        if "local_dir" in payload:
+            payload["local_dir"] = os.path.abspath(payload["local_dir"])
         append_line(self.ops, json.dumps({"op": op, "uri": uri, "run_id": run_id, "time": time.time(), **payload},
                                          default=str))
 

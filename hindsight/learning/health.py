@@ -60,7 +60,9 @@ class Health:
                 raise DivergedError(f"the loss {loss:.4g} is above {c.loss_factor:g} times its running median "
                                     f"|{statistics.median(abs(v) for v in self.losses):.4g}| + {c.loss_floor:g} "
                                     f"(rl.learner.health.loss_factor): the optimizer step was skipped")
-        self.losses, self.grads = (self.losses + [loss])[-c.window:], (self.grads + [grad_norm])[-c.window:]
+        self.losses = (self.losses + [loss])[-c.window:]
+        if grad_norm > 0:  # a step whose groups all tie has no gradient: it says nothing of the norm's scale
+            self.grads = (self.grads + [grad_norm])[-c.window:]
 
     def after_step(self, params) -> None:
         """Raise after the optimizer step when the weights' norm jumped."""

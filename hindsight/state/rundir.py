@@ -37,9 +37,13 @@ MARK = ".hindsight-run"
 # the top-level names hindsight makes in a run directory; a folder holding only these (and
 # their `.old-TIME` archives) is a run directory of an older hindsight, adopted and marked
 MADE = ("sft", "reward_model", "rl", "negative_ft", "mlflow-spool")
+# the files a sweep writes into a trial's run directory before the trial's own process claims it
+TRIAL_FILES = ("trial.yaml", "trial.log", "trial-result.json")
+OPEN_RUNS = "mlflow-open-runs.json"  # the MLflow runs started here and not yet ended (`tracking.runs`)
 SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr",
                   "/var")
-_OURS = re.compile(rf"^({'|'.join(re.escape(n) for n in MADE)})(\.old-[0-9-]+)?$|^\.hindsight\.lock$|^{re.escape(MARK)}$")
+_OURS = re.compile(rf"^({'|'.join(re.escape(n) for n in MADE)})(\.old-[0-9-]+)?$|^\.hindsight\.lock$|^{re.escape(MARK)}$"
+                   rf"|^({'|'.join(re.escape(n) for n in (*TRIAL_FILES, OPEN_RUNS))})$")
 _TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
@@ -181,6 +185,11 @@ class RunDir:
         return RLDir(self.root / "rl")
 
     spool = property(lambda self: self.root / "mlflow-spool")
+    open_runs = property(lambda self: self.root / OPEN_RUNS)
+    # a sweep trial's own files (TRIAL_FILES)
+    trial_config = property(lambda self: self.root / "trial.yaml")
+    trial_log = property(lambda self: self.root / "trial.log")
+    trial_result = property(lambda self: self.root / "trial-result.json")
 
 
 def system_folder_problem(path: Path) -> str | None:

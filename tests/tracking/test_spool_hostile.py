@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from hindsight.config import PipelineConfig
+from hindsight.state.rundir import RunDir
 from tracking.runs import start_run
 from tracking.spool import Spool
 from tracking.writes import SpoolError, register_version, sync_spool
@@ -29,6 +30,7 @@ def store(tmp_path, monkeypatch):
                                            "tracking": {"tracking_uri": uri}})
     run = start_run(mine, "sft", tags={"hindsight.model": "mine-sft"})
     victim = start_run(other, "rl", tags={"hindsight.model": "other-policy"})
+    RunDir.of(mine).record("sft")  # as a run that trained there would have: the folder is hindsight's
     (tmp_path / "runs/mine/model").mkdir(parents=True)
     (tmp_path / "runs/mine/model/config.json").write_text("{}")
     return tmp_path, uri, mine, run, victim

@@ -46,6 +46,10 @@ def test_the_bands_follow_running_medians(tmp_path):
         health.before_step(0.0, 500.0)
     with pytest.raises(DivergedError, match="the loss 1e\\+04 is above 100 times"):
         health.before_step(1e4, 1.0)
+    quiet = Health(LearnerConfig().health)  # steps whose groups all tie: no gradient, no scale
+    for _ in range(5):
+        quiet.before_step(0.0, 0.0)
+    quiet.before_step(0.0, 1.4e-6)  # the first step with a gradient is not measured against zeros
     layer = torch.nn.Linear(4, 4)
     health.after_step(layer.parameters())
     with torch.no_grad():
