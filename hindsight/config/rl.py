@@ -35,6 +35,9 @@ class RolloutConfig(Strict):
                                                        "Batches are fixed by group index and dealt whole, so a "
                                                        "group's samples never depend on the worker count; 1: each "
                                                        "group alone")
+    publish_full_every: int = Field(100, ge=1, description="a new weights version reaches rollout workers in "
+                                    "another process (Ray, the async sampler) as the elements that changed in their "
+                                    "dtype (model.dtype), with a full copy every this many versions; 1: always full")
     logprobs: Literal["forward", "decode"] = Field(
         "forward", description="hf: the behaviour log-probs from one forward after decoding (the same bits "
                                "whatever the worker's thread count), or read off the decoding logits (one "

@@ -16,6 +16,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+import torch
+
 from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
@@ -24,6 +26,7 @@ from hindsight.coordination.roles import deal
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.scoring.rewards import add_failures
 from hindsight.scoring.scorer import Scorer, score_batch
+from hindsight.transport.delta import Publication
 from hindsight.transport.ray import RaySender
 
 log = logging.getLogger("hindsight.workers")
@@ -177,7 +180,7 @@ class RayRolloutPool(_Pool):
         self.version, self.rl, self.sender = version, rl, None
         super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path,
                                                               version))
-        self.sender = RaySender(self.ray, self.actors)
+        self.sender = RaySender(self.ray, self.actors, Publication(getattr(torch, dtype), rl.rollout.publish_full_every))
 
     def _spawn(self) -> str:
         actor_id = super()._spawn()

@@ -26,8 +26,11 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from hindsight.errors import StageError
 from hindsight.rollout.worker import GroupTask
+from hindsight.transport.delta import Publication
 from hindsight.transport.pipe import PipeSender, recv, send
 
 
@@ -83,7 +86,7 @@ class AsyncSampler:
         self.submitted: dict[int, list[int]] = {}  # step -> groups asked for
         self.finished: dict[int, list[int]] = {}
         self.acked: int | None = None
-        self.weights = PipeSender(self._cmd)
+        self.weights = PipeSender(self._cmd, Publication(getattr(torch, spec.dtype), spec.rl.rollout.publish_full_every))
         send(self._cmd, {"kind": "start", "spec": spec.to_json()})
 
     def _read(self) -> None:

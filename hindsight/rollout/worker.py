@@ -103,7 +103,7 @@ class RolloutWorker:
         """A new weights version from the transport (`hindsight.transport`): shared with the
         learner in process, or tensors checked against their checksum. A refused one leaves the
         worker serving nothing until a good version arrives (`StaleWeights`)."""
-        self.policy, ack = receive_into(self.policy, payload)
+        self.policy, ack = receive_into(self.policy, payload, self.version)
         self.version = payload.version if ack.ok else None
         self.engine_stale = True
         return ack

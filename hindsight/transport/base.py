@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hindsight.transport.delta import apply_delta
 from hindsight.transport.payload import CorruptWeights, WeightVersion, verified
 
 
@@ -26,15 +27,24 @@ class WeightSender:
         """Stop sending (and drop what is kept for late receivers)."""
 
 
-def receive_into(model, payload: WeightVersion):
-    """Apply a payload to a receiver's `model`; returns (the model to serve from, its Ack). A
-    shared payload is the sender's model itself; a payload that fails its checksum is refused."""
+def receive_into(model, payload: WeightVersion, holds: int | None = None):
+    """Apply a payload to a receiver's `model`, which holds version `holds`; returns (the model
+    to serve from, its Ack). A shared payload is the sender's model itself. A payload that fails
+    its checksum, or a delta for a version the receiver does not hold, is refused before anything
+    of it is applied; the sender answers a refusal with the full copy."""
     if payload.shared is not None:
         return payload.shared, Ack(payload.version)
+    if payload.base is not None and payload.base != holds:
+        return model, Ack(payload.version, ok=False, why=f"a delta from version {payload.base}, but this receiver "
+                                                        f"holds version {holds}: it needs a full copy")
     try:
-        model.load_state_dict(verified(payload))
+        tensors = verified(payload)
     except CorruptWeights as exc:
         return model, Ack(payload.version, ok=False, why=str(exc))
+    if payload.base is None:
+        model.load_state_dict(tensors)
+    else:
+        apply_delta(model, tensors)
     return model, Ack(payload.version)
 
 

@@ -20,6 +20,7 @@ class WeightVersion:
     tensors: dict[str, torch.Tensor] | None = None  # name -> tensor; None when `shared`
     sha256: str | None = None
     shared: object | None = None                     # in process: the sender's model itself
+    base: int | None = None                          # a delta: the version it applies to (`delta`)
 
     @property
     def nbytes(self) -> int:
@@ -58,7 +59,7 @@ def to_bytes(payload: WeightVersion) -> tuple[dict, bytes]:
     """(a JSON header, safetensors bytes) for a byte stream; no pickle."""
     from safetensors.torch import save
 
-    return {"version": payload.version, "sha256": payload.sha256}, save(payload.tensors)
+    return {"version": payload.version, "sha256": payload.sha256, "base": payload.base}, save(payload.tensors)
 
 
 def from_bytes(header: dict, data: bytes) -> WeightVersion:
@@ -68,4 +69,5 @@ def from_bytes(header: dict, data: bytes) -> WeightVersion:
         tensors = load(data)
     except Exception as exc:  # a torn or garbled message: the checksum cannot even be computed
         raise CorruptWeights(f"weights version {header.get('version')}: unreadable ({type(exc).__name__})") from None
-    return WeightVersion(int(header["version"]), tensors, header.get("sha256"))
+    base = header.get("base")
+    return WeightVersion(int(header["version"]), tensors, header.get("sha256"), base=None if base is None else int(base))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from hindsight.transport.base import WeightSender
-from hindsight.transport.payload import full_version, to_bytes
+from hindsight.transport.delta import Publication
+from hindsight.transport.payload import to_bytes
 
 
 def send(fh, header: dict, payload: bytes = b"") -> None:
@@ -25,13 +26,16 @@ def recv(fh) -> tuple[dict, bytes] | None:
 
 class PipeSender(WeightSender):
     """Sends without waiting: the sampler reads commands in order, so a version is applied before
-    the next step it is asked to sample; its ack (or refusal) comes back with the results."""
+    the next step it is asked to sample; its ack (or refusal) comes back with the results. After
+    the first version it sends deltas (`transport.delta`): a pipe loses nothing, so a refused one
+    is a torn stream, which fails the step (`AsyncSampler.wait`); the stage's retry starts a new
+    sampler, whose first version is a full copy."""
 
-    def __init__(self, fh):
-        self.fh = fh
+    def __init__(self, fh, publication: Publication | None = None):
+        self.fh, self.publication = fh, publication or Publication()
 
     def publish(self, version: int, model) -> dict[str, float]:
-        payload = full_version(version, model.state_dict())
+        payload = self.publication.next(version, model.state_dict())
         header, data = to_bytes(payload)
         send(self.fh, {"kind": "weights", **header}, data)
-        return {"publish/bytes": float(len(data))}
+        return {"publish/bytes": float(len(data)), "publish/delta": float(payload.base is not None)}

@@ -1,33 +1,48 @@
 """Ray: one payload put into Ray's object store per version and read by every rollout actor
-(`receive`); the newest one is kept, so an actor started later (a replacement, a scale-up)
-syncs to it before its first lease. The `ray` module is handed in by the placement module,
-the only one that imports it."""
+(`receive`): after the first version a delta (`transport.delta`), so the store holds only the
+elements that changed. An actor that refuses it (it missed a version) gets the full copy at once,
+before any lease; an actor started later (a replacement, a scale-up) takes the full copy before
+its first lease. The `ray` module is handed in by the placement module, the only one that
+imports it."""
 from __future__ import annotations
 
 from hindsight.errors import StageError
 from hindsight.transport.base import WeightSender, refused
-from hindsight.transport.payload import full_version
+from hindsight.transport.delta import Publication
 
 
 class RaySender(WeightSender):
-    def __init__(self, ray, actors: dict):
+    def __init__(self, ray, actors: dict, publication: Publication | None = None):
         self.ray, self.actors = ray, actors  # the pool's own dict: actors it adds are published to
-        self.version, self.ref = None, None
+        self.publication = publication or Publication()
+        self.full_ref = None  # the newest full copy in the store, when there is one (for late actors)
 
     def publish(self, version: int, model) -> dict[str, float]:
-        payload = full_version(version, model.state_dict())
-        self.version, self.ref = version, self.ray.put(payload)
-        acks = self.ray.get([a.receive.remote(self.ref) for a in self.actors.values()])
-        _check(acks)
-        return {"publish/bytes": float(payload.nbytes)}
+        payload = self.publication.next(version, model.state_dict())
+        ref = self.ray.put(payload)
+        self.full_ref = ref if payload.base is None else None
+        names = list(self.actors)
+        acks = self.ray.get([self.actors[n].receive.remote(ref) for n in names])
+        behind = [n for n, ack in zip(names, acks) if not ack.ok]
+        sent = payload.nbytes * len(names)
+        if behind:  # missed a version (or a torn delta): the full copy, before anything is sampled
+            full = self.publication.full()
+            ref = self.full_ref = self.ray.put(full)
+            _check(self.ray.get([self.actors[n].receive.remote(ref) for n in behind]))
+            sent += full.nbytes * len(behind)
+        return {"publish/bytes": float(sent), "publish/delta": float(payload.base is not None),
+                "publish/resent_full": float(len(behind))}
 
     def sync(self, actor) -> None:
-        """A late receiver takes the newest version before it serves anything."""
-        if self.ref is not None:
-            _check([self.ray.get(actor.receive.remote(self.ref))])
+        """A late receiver takes the full copy of the newest version before it serves anything."""
+        if self.publication.version is None:
+            return
+        if self.full_ref is None:
+            self.full_ref = self.ray.put(self.publication.full())
+        _check([self.ray.get(actor.receive.remote(self.full_ref))])
 
     def close(self) -> None:
-        self.ref = None
+        self.publication.held, self.full_ref = None, None
 
 
 def _check(acks) -> None:

@@ -1,0 +1,113 @@
+"""Weight publication as deltas (`hindsight.transport.delta`): after 20 versions of real AdamW
+steps a bf16 receiver that took only deltas holds the sender's bits exactly; a receiver that
+missed a delta refuses the next and is brought back by the full copy; a flipped bit is refused
+and changes nothing; fp32 serving, where nearly every element moves, falls back to full copies."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hindsight.transport.base import receive_into
+from hindsight.transport.delta import BLOCK, Publication, decode_positions, encode_changes
+from hindsight.transport.payload import from_bytes, to_bytes
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(300, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 300))
+
+
+def train_step(m: torch.nn.Module, opt) -> None:
+    tokens = torch.randint(0, 300, (8,))
+    loss = torch.nn.functional.cross_entropy(m(tokens), torch.randint(0, 300, (8,)))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
+
+
+def test_positions_round_trip_across_blocks():
+    old = torch.zeros(3 * BLOCK + 5, dtype=torch.bfloat16)
+    new = old.clone()
+    changed = torch.tensor([0, 7, BLOCK - 1, BLOCK, 2 * BLOCK + 3, 3 * BLOCK + 4])
+    new[changed] = 1.0
+    offsets, counts, values = encode_changes(old, new)
+    assert offsets.dtype == torch.uint16 and counts.tolist() == [3, 1, 1, 1]
+    assert torch.equal(decode_positions(offsets, counts), changed) and torch.equal(values, new[changed])
+    assert encode_changes(old, old.clone()) is None
+    signed = old.clone()
+    signed[1] = -0.0  # equal as values, not as bits: the receiver must get it
+    assert decode_positions(*encode_changes(old, signed)[:2]).tolist() == [1]
+
+
+def test_twenty_versions_of_deltas_leave_the_receiver_bit_equal():
+    sender = model()
+    opt = torch.optim.AdamW(sender.parameters(), lr=1e-5)
+    receiver = copy.deepcopy(sender).to(torch.bfloat16)
+    pub, holds, kinds = Publication(torch.bfloat16, full_every=8), None, []
+    for version in range(20):
+        train_step(sender, opt)
+        payload = pub.next(version, sender.state_dict())
+        payload = from_bytes(*to_bytes(payload))  # as the pipe carries it
+        receiver, ack = receive_into(receiver, payload, holds)
+        assert ack.ok, ack.why
+        holds = version
+        kinds.append("full" if payload.base is None else "delta")
+        full_bytes = sum(t.numel() * t.element_size() for t in pub.held.values())
+        if payload.base is not None:
+            assert payload.base == version - 1 and payload.nbytes < full_bytes / 4
+        assert same_bits(receiver.state_dict(), pub.held)
+        assert same_bits(pub.held, {k: v.to(torch.bfloat16) for k, v in sender.state_dict().items()})
+    assert kinds == (["full"] + ["delta"] * 7) * 2 + ["full"] + ["delta"] * 3
+
+
+def test_a_missed_delta_is_refused_and_the_full_copy_brings_the_receiver_back():
+    sender = model()
+    opt = torch.optim.AdamW(sender.parameters(), lr=1e-5)
+    receiver = copy.deepcopy(sender).to(torch.bfloat16)
+    pub = Publication(torch.bfloat16)
+    receiver, _ = receive_into(receiver, pub.next(0, sender.state_dict()), None)
+    train_step(sender, opt)
+    pub.next(1, sender.state_dict())  # lost on the way
+    train_step(sender, opt)
+    second = pub.next(2, sender.state_dict())
+    before = copy.deepcopy(receiver.state_dict())
+    receiver, ack = receive_into(receiver, second, 0)
+    assert not ack.ok and "holds version 0" in ack.why and "full copy" in ack.why
+    assert same_bits(receiver.state_dict(), before)  # nothing of it applied
+    receiver, ack = receive_into(receiver, pub.full(), 0)
+    assert ack.ok and same_bits(receiver.state_dict(), pub.held)
+
+
+def test_a_flipped_bit_in_a_delta_is_refused_and_changes_nothing():
+    sender = model()
+    opt = torch.optim.AdamW(sender.parameters(), lr=1e-5)
+    receiver = copy.deepcopy(sender).to(torch.bfloat16)
+    pub = Publication(torch.bfloat16)
+    receiver, _ = receive_into(receiver, pub.next(0, sender.state_dict()), None)
+    train_step(sender, opt)
+    header, data = to_bytes(pub.next(1, sender.state_dict()))
+    flipped = bytearray(data)
+    flipped[-3] ^= 0x10  # inside the last tensor's bytes
+    before = copy.deepcopy(receiver.state_dict())
+    receiver, ack = receive_into(receiver, from_bytes(header, bytes(flipped)), 0)
+    assert not ack.ok and "checksum" in ack.why
+    assert same_bits(receiver.state_dict(), before)
+
+
+def test_fp32_serving_falls_back_to_full_copies():
+    sender = model()
+    opt = torch.optim.AdamW(sender.parameters(), lr=1e-3)
+    pub = Publication(None)
+    kinds = []
+    for version in range(3):
+        train_step(sender, opt)
+        kinds.append(pub.next(version, sender.state_dict()).base)
+    assert kinds == [None, None, None]  # AdamW moves every fp32 element: a delta would be larger
+    with pytest.raises(ValueError):
+        Publication(torch.bfloat16, full_every=0)
