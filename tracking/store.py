@@ -65,11 +65,14 @@ def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
         return
     import requests
 
+    # (connect, read): a server that takes the connection is up; a busy one (an auth server
+    # hashing its first password on a loaded machine) gets a minute to answer, not five seconds
+    timeout = (timeout_s, max(timeout_s, 60.0))
     try:
-        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout)
         user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
         probe = requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
-                             auth=(user, password) if user else None, timeout=timeout_s)
+                             auth=(user, password) if user else None, timeout=timeout)
     except requests.RequestException as exc:
         reason = str(exc).split("(Caused by ")[-1].rstrip(")")[:200]
         raise ConfigError(f"tracking: the MLflow server at {uri} cannot be reached ({reason}); start it, or point "

@@ -87,9 +87,11 @@ class WorkersConfig(Strict):
                                               "count never changes what is sampled")
     scorer: int = Field(1, ge=1, description="scorers (reward functions, reference and reward model)")
     lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
-    placement_timeout_s: float = Field(60.0, gt=0, description="an actor the Ray cluster has not placed by then is "
-                                                              "dropped (a line in the log); the run keeps the "
-                                                              "workers it has")
+    placement_timeout_s: float = Field(300.0, gt=0, description="an actor the Ray cluster has not placed and "
+                                                               "started by then (its model loaded: minutes for a "
+                                                               "7B model, and a loaded 2-core machine took over "
+                                                               "60 s for a tiny one) is dropped (a line in the "
+                                                               "log); the run keeps the workers it has")
     placement: Literal["local", "ray"] = Field(
         "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
     resources: dict[Literal["rollout", "scorer", "learner"], RoleResources] = Field(
