@@ -117,6 +117,11 @@ def _one_prefect_server(request):
         yield
 
 
+# the longest files, first: xdist's loadfile hands files out in collection order, so one that
+# starts last runs alone at the end while the other worker idles
+FIRST = ("real_model",)
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test outside tests/unit/ (which mirrors the packages) starts the CLI, a server, a
     browser or another process, or waits on a clock: the `integration` tier. A new top-level
@@ -125,6 +130,7 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(item.path).relative_to(Path(__file__).parent).parts
         if len(parts) > 1 and parts[0] != "unit":
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: Path(item.path).relative_to(Path(__file__).parent).parts[0] not in FIRST)
 
 
 @pytest.fixture(scope="module")
