@@ -4,8 +4,9 @@ micro-batch budget, no reference model), measured in one fresh process, step by 
 
     python bench/real_memory.py
 
-The resident memory after the imports, after the float32 weights load, and after a first update
-(gradients and AdamW's two moments are then allocated, as a run holds them); then the peak above
+The resident memory after the imports, after the float32 weights load (safetensors are mapped,
+so their pages count when first touched), and after a first update (the weights touched, the
+gradients and AdamW's two moments allocated, as a run holds them); then the peak above
 that of sampling a step (hindsight's sampler: the KV cache and the decode's logits) and of one
 update on it (the micro-batches' logits and activations), each peak reset just before
 (/proc/self/clear_refs). Freed tensors go back to the system at once (MALLOC, as in
@@ -68,7 +69,8 @@ def measure() -> dict:
 
     def sample(first: int):
         exp = sample_groups(model, tok, prompts[first:first + rl.prompts_per_step], list(range(rl.prompts_per_step)),
-                            rl.samples_per_prompt, rl.rollout.max_new_tokens, temperature=rl.rollout.temperature)
+                            rl.samples_per_prompt, rl.rollout.max_new_tokens, temperature=rl.rollout.temperature,
+                            budget=rl.learner.micro_batch_tokens)  # as the rollout worker calls it
         exp.rewards = torch.rand(len(exp))  # the update's memory does not depend on the scores' values
         return exp
 
@@ -102,8 +104,8 @@ def main() -> None:
           f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update")
     print(f"{'item':<44}{'GB':>8}{'B/param':>9}")
     items = [("the process after imports (torch, transformers)", m["imports"]),
-             ("weights (float32)", m["weights"]),
-             ("gradients + AdamW's two moments", m["grads_and_adamw"]),
+             ("weights read (safetensors mmap: paged in later)", m["weights"]),
+             ("weights + gradients + AdamW's two moments", m["grads_and_adamw"]),
              ("reference model (rl.kl.coef 0: none)", 0),
              ("sampling peak above that (KV cache, logits)", m["sampling_peak"]),
              ("update peak above that (logits, activations)", m["update_peak"])]
