@@ -261,7 +261,7 @@ def model_import(src: Path = typer.Argument(..., help="a .gguf model file"),
     transformers (what `model.base: x.gguf` does once, into a cache)."""
     def go():
         from hindsight.errors import ConfigError
-        from hindsight.models.gguf import import_gguf, intact
+        from hindsight.models.gguf import import_gguf
 
         if not src.is_file():
             raise ConfigError(f"{src}: no such file (expected a .gguf model file)")

@@ -95,9 +95,9 @@ def check_models(paths: dict) -> None:
     MLflow run starts and long before the first checkpoint (`models.savable`)."""
     from hindsight.models.savable import check_model_folder
 
-    for field, path in paths.items():
+    for name, path in paths.items():
         if path:
-            check_model_folder(path, field)
+            check_model_folder(path, name)
 
 
 def check_prompts(spec: StageSpec, cfg: PipelineConfig, paths: dict) -> None:

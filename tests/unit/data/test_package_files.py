@@ -3,7 +3,6 @@ and a reward module named like hindsight's own `rewards` package is told to rena
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
