@@ -53,9 +53,19 @@ def shadowed(spec: str, module_name: str) -> str | None:
         if (folder / relative).with_suffix(".py").is_file() or (folder / relative / "__init__.py").is_file():
             mine = folder / top
             ours = getattr(importlib.import_module(top), "__file__", None)
-            if ours and mine.resolve() != Path(ours).resolve().parent:
+            if ours and mine.resolve() != Path(ours).resolve().parent and not _our_copy(mine, Path(ours)):
                 return _rename(spec, top, rest, mine)
     return None
+
+
+def _our_copy(folder: Path, ours: Path) -> bool:
+    """Whether `folder` is hindsight's own package in another checkout (an editable install of
+    one clone, PYTHONPATH on another): its __init__.py is ours, byte for byte."""
+    init = folder / "__init__.py"
+    try:
+        return init.is_file() and init.read_bytes() == ours.read_bytes()
+    except OSError:
+        return False
 
 
 def _rename(spec: str, top: str, rest: str, mine: Path) -> str:

@@ -4,6 +4,7 @@ reward worker it spawns; hindsight's own `rewards` package keeps its name."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hindsight.config import load_config
 from hindsight.scoring.guarded import RewardWorker
@@ -28,3 +29,21 @@ def test_a_reward_module_beside_the_config_imports_in_the_worker_too(tmp_path, m
         worker.close()
     assert res.total == [2.0, 0.0] and res.failures == {"score": 0, "exact_answer": 0}
     assert sys.modules["rewards"].__file__.endswith("rewards/__init__.py")  # hindsight's own, still
+
+
+def test_another_checkout_of_hindsight_on_the_path_is_not_a_users_folder(tmp_path, monkeypatch):
+    import shutil
+
+    import rewards
+    from hindsight.scoring.reward_fns import shadowed
+
+    ours = sys.modules["rewards"].__file__
+    clone = tmp_path / "clone"
+    shutil.copytree(Path(ours).parent, clone / "rewards")  # an editable install of one clone, PYTHONPATH on another
+    user = tmp_path / "user"
+    (user / "rewards").mkdir(parents=True)
+    (user / "rewards" / "exact.py").write_text(REWARD)  # the user's own folder of that name
+    monkeypatch.setattr(sys, "path", [*sys.path, str(clone)])
+    assert rewards is sys.modules["rewards"] and shadowed("rewards.exact:exact_answer", "rewards.exact") is None
+    monkeypatch.setattr(sys, "path", [*sys.path, str(user)])
+    assert "is your own folder" in shadowed("rewards.exact:exact_answer", "rewards.exact")
