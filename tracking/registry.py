@@ -10,8 +10,7 @@ from mlflow.exceptions import MlflowException
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import ConfigError
-from hindsight.models.gguf import cached_import, is_gguf, package_file
-from hindsight.models.load import MODEL_CACHE, resolve_model_path
+from hindsight.models.load import resolve_model_source
 from tracking.store import client
 from tracking.writes import file_checksums, register_version, write
 
@@ -47,14 +46,12 @@ def withdraw(cfg: PipelineConfig, model_name: str, version: str) -> None:
 def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
     """`models:/NAME@ALIAS` or `models:/NAME/VERSION` -> (local folder, 'NAME/VERSION').
 
-    A local path, `tiny://` or a hub id resolves through `resolve_model_path`, with itself
-    as its version string. `field` is the config key the uri came from, for error messages.
+    A local path, `tiny://`, a `.gguf` file or a hub id resolves through `resolve_model_source`
+    (a GGUF's version is its sha256, any other's is the uri itself). `field` is the config key
+    the uri came from, for error messages.
     """
-    uri = package_file(uri, field)
-    if is_gguf(uri):  # imported once into a cache folder; its version is the file's sha256
-        return cached_import(uri, MODEL_CACHE, field)
-    if not uri.startswith("models:/"):
-        return resolve_model_path(uri, field=field), uri
+    if not uri.startswith("models:/"):  # a GGUF is imported once into a cache folder, versioned by its sha256
+        return resolve_model_source(uri, field=field)
     c = client(cfg)
     body = uri.removeprefix("models:/")
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from urllib.parse import parse_qsl, urlsplit
 
 from hindsight.errors import DataError
@@ -67,6 +68,18 @@ def held_out(question: str, fraction: float) -> bool:
 
 
 def load_procedural(source: str) -> list[dict]:
+    """`size` rows of the task (a fresh list of fresh dicts: the caller may change them)."""
+    return [dict(row) for row in _generated(source)]
+
+
+@lru_cache(maxsize=8)
+def _generated(source: str) -> tuple[dict, ...]:
+    """The rows, made once a process: the stage's preflight and the stage read the same spec,
+    and generating 4,000 rows takes about a second."""
+    return tuple(_generate(source))
+
+
+def _generate(source: str) -> list[dict]:
     """`size` rows of the task. With `holdout=F&split=train|eval`, only questions on that side
     of the hash split: small tasks repeat questions (chain_sum of two 1-2 digit numbers has about
     2,000), so two seeds alone would evaluate on questions the run trained on."""

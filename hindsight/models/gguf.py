@@ -52,21 +52,17 @@ def package_file(uri: str, field: str = "model.base") -> str:
     return str(path)
 
 
-def gguf_sha(path: Path) -> str:
-    from hindsight.fsutil import file_sha256
-
-    return file_sha256(path)
-
-
 def cached_import(src: str | Path, cache_dir: str | Path, field: str = "model.base") -> tuple[str, str]:
     """(the imported folder, a version naming the GGUF by its sha256), importing it the first time."""
+    from hindsight.fsutil import file_sha256
+
     src = Path(src).expanduser()
     if not src.is_file():
         raise ConfigError(f"{field}: {src} does not exist (expected a .gguf model file)")
-    sha = gguf_sha(src)
+    sha = file_sha256(src)
     out = Path(cache_dir) / f"gguf-{sha[:16]}"
     if not intact(out, sha):
-        import_gguf(src, out, field)
+        import_gguf(src, out, field, sha)
     return str(out), f"{src.name}@sha256:{sha[:16]}"
 
 
@@ -80,8 +76,9 @@ def intact(folder: Path, sha: str | None = None) -> bool:
     return all(file_sha256(folder / name) == want for name, want in record.get("files", {}).items())
 
 
-def import_gguf(src: str | Path, out: str | Path, field: str = "model import") -> Path:
-    """De-quantize `src` into the plain Hugging Face folder `out` (written whole, or not at all)."""
+def import_gguf(src: str | Path, out: str | Path, field: str = "model import", sha: str | None = None) -> Path:
+    """De-quantize `src` into the plain Hugging Face folder `out` (written whole, or not at all);
+    `sha` is the file's sha256 when the caller has it already."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hindsight.fsutil import atomic_dir, file_sha256
@@ -106,7 +103,7 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import") -
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        record = {"source": str(src), "source_sha256": file_sha256(src),
+        record = {"source": str(src), "source_sha256": sha or file_sha256(src),
                   "files": {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}}
         (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))
 

@@ -32,6 +32,13 @@ MODEL_CACHE = ".hindsight/models"  # built-in tiny models and imported GGUF file
 def resolve_model_path(name_or_path: str, cache_dir: str | Path = MODEL_CACHE, field: str = "model.base") -> str:
     """`tiny://demo` or `tiny://qwen2` builds (once) a tiny model in code; a `.gguf` file is
     imported (once) into a plain folder (`models.gguf`); a local path must exist; a hub id passes."""
+    return resolve_model_source(name_or_path, cache_dir, field)[0]
+
+
+def resolve_model_source(name_or_path: str, cache_dir: str | Path = MODEL_CACHE,
+                         field: str = "model.base") -> tuple[str, str]:
+    """(`resolve_model_path`'s folder, the version that names it): a GGUF file's is its sha256,
+    anything else's is the name it was given."""
     if name_or_path.startswith("tiny://"):
         from hindsight.models.tiny import TINY
 
@@ -41,16 +48,16 @@ def resolve_model_path(name_or_path: str, cache_dir: str | Path = MODEL_CACHE, f
         target = Path(cache_dir) / name
         if not target.exists():
             TINY[name](target)
-        return str(target)
+        return str(target), name_or_path
     from hindsight.models.gguf import cached_import, is_gguf, package_file
 
-    name_or_path = package_file(name_or_path, field)
-    if is_gguf(name_or_path):
-        return cached_import(name_or_path, cache_dir, field)[0]
-    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
-    if looks_local and not Path(name_or_path).expanduser().is_dir():
-        raise ConfigError(f"{field}: model path {name_or_path} does not exist (expected a model folder)")
-    return name_or_path
+    path = package_file(name_or_path, field)
+    if is_gguf(path):
+        return cached_import(path, cache_dir, field)
+    looks_local = path.startswith((".", "/", "~")) or Path(path).exists()
+    if looks_local and not Path(path).expanduser().is_dir():
+        raise ConfigError(f"{field}: model path {path} does not exist (expected a model folder)")
+    return path, name_or_path
 
 
 def _loading(path: str, what: str, load):

@@ -20,9 +20,6 @@ def load_reward_fn(spec: str):
     except Exception as exc:
         raise RewardError(shadowed(spec, module_name) or f"reward {spec!r}: cannot import module {module_name!r} "
                                                           f"({exc})") from None
-    taken = shadowed(spec, module_name)
-    if taken:
-        raise RewardError(taken)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
@@ -79,8 +76,13 @@ def _rename(spec: str, top: str, rest: str, mine: Path) -> str:
 def check_reward(spec: str, args: dict | None = None):
     """Load a reward, check that it can take TRL's keywords, and run its own `preflight(**args)`
     if it has one: a reward that cannot run here (the code reward without its sandbox, or a
-    function that is no reward, such as `os:system`) refuses before any model loads."""
+    function that is no reward, such as `os:system`) refuses before any model loads. A module
+    that imported but from a package of ours while the user has a folder of that name is checked
+    here, once, not at every call (`shadowed`)."""
     fn = load_reward_fn(spec)
+    taken = shadowed(spec, spec.partition(":")[0])
+    if taken:
+        raise RewardError(taken)
     _check_signature(spec, fn)
     check = getattr(fn, "preflight", None)
     if callable(check):

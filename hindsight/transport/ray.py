@@ -24,13 +24,13 @@ class RaySender(WeightSender):
         names = list(self.actors)
         acks = self.ray.get([self.actors[n].receive.remote(ref) for n in names])
         behind = [n for n, ack in zip(names, acks) if not ack.ok]
-        sent = payload.nbytes * len(names)
+        put = payload.nbytes  # what goes into the object store (every actor reads the one copy)
         if behind:  # missed a version (or a torn delta): the full copy, before anything is sampled
             full = self.publication.full()
             ref = self.full_ref = self.ray.put(full)
             _check(self.ray.get([self.actors[n].receive.remote(ref) for n in behind]))
-            sent += full.nbytes * len(behind)
-        return {"publish/bytes": float(sent), "publish/delta": float(payload.base is not None),
+            put += full.nbytes
+        return {"publish/bytes": float(put), "publish/delta": float(payload.base is not None),
                 "publish/resent_full": float(len(behind))}
 
     def sync(self, actor) -> None:
