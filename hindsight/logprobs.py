@@ -7,6 +7,7 @@ from functools import lru_cache
 import torch
 
 from hindsight.experience import Experience, lengths, micro_batches, trimmed
+from hindsight.packing import pack, unpack, worth_packing
 
 
 # set on a model by a learner strategy whose every forward is a collective over the group
@@ -119,6 +120,68 @@ def shares_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_comp
     return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
 
 
+def can_share_prompts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
+                      group_size: int) -> bool:
+    # DDP reduces gradients once per forward, and a forward that is a collective must run as
+    # often on every rank: two forwards on one rank and one on another would deadlock
+    return not (isinstance(model, torch.nn.parallel.DistributedDataParallel) or getattr(model, COLLECTIVE_FORWARD, False)
+                or checkpointing(model)) and shares_prompts(input_ids, attention_mask, n_completion, group_size)
+
+
+def micro_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int, group_size: int,
+                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True,
+                   packing: str = "off"):
+    """A micro-batch's (B, T) log-probs (and entropies) by the cheapest exact path: packed
+    (`rl.learner.packing`: `on`, or `auto` where the gate finds it saves tokens), else the
+    shared-prompt forward where it applies, else one padded forward."""
+    if packs(model, attention_mask, n_completion, group_size, packing, input_ids):
+        return packed_token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy,
+                                     entropy_grad)
+    return group_token_logprobs(model, input_ids, attention_mask, n_completion, group_size, temperature, with_entropy,
+                                entropy_grad)
+
+
+def packs(model, attention_mask: torch.Tensor, n_completion: int, group_size: int, packing: str,
+          input_ids: torch.Tensor) -> bool:
+    """Whether a micro-batch's forward runs packed: `on`, or `auto` and the gate's choice against
+    the path it would take otherwise (the shared-prompt forward where it applies)."""
+    if packing != "auto":
+        return packing == "on"
+    shared = can_share_prompts(model, input_ids, attention_mask, n_completion, group_size)
+    return worth_packing(attention_mask, n_completion, group_size if shared else None)
+
+
+def packed_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
+                          temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
+    """`token_logprobs` on the rows packed end to end (`hindsight.packing`): (B, T) logp and
+    entropy, 0 at masked positions."""
+    dev = model_device(model)
+    packed = pack(input_ids.cpu(), attention_mask.cpu(), n_completion).to(dev)
+    with compute_autocast(model):
+        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                    **keep_positions(model, packed.keep))
+    logits = kept_rows(out.logits, packed.keep, model)                                        # (M, V)
+    logp, entropy = _from_logits(logits.unsqueeze(0), packed.targets.unsqueeze(0), temperature, with_entropy,
+                                 entropy_grad)                                                # (1, M)
+    shape = (input_ids.size(0), n_completion)
+    return unpack(logp[0], packed, shape), None if entropy is None else unpack(entropy[0], packed, shape)
+
+
+def keep_positions(model, keep: torch.Tensor) -> dict:
+    """logits_to_keep as a boolean (N, W) mask: transformers then returns (M, V) logits."""
+    return {"logits_to_keep": keep} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
+
+
+def kept_rows(logits: torch.Tensor, keep: torch.Tensor, model) -> torch.Tensor:
+    """(M, V) from a model that honoured the boolean mask, or from its full (N, W, V) logits."""
+    if logits.dim() == 2 and logits.size(0) == int(keep.sum()):
+        return logits
+    if logits.dim() == 3 and logits.shape[:2] == keep.shape:
+        return logits[keep]
+    raise TypeError(f"{type(_innermost(model)).__name__}: packed forward returned logits of shape "
+                    f"{tuple(logits.shape)} for a mask of {tuple(keep.shape)} (rl.learner.packing: off avoids it)")
+
+
 def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
                          group_size: int, temperature: float = 1.0, with_entropy: bool = False,
                          entropy_grad: bool = True):
@@ -129,10 +192,7 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     prompts in groups take the plain path, and so does a model training under activation
     checkpointing: transformers turns the KV cache off there, and the copied cache is what
     this path runs on."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or getattr(model, COLLECTIVE_FORWARD, False) or \
-            checkpointing(model) or not shares_prompts(input_ids, attention_mask, n_completion, group_size):
-        # DDP reduces gradients once per forward, and a forward that is a collective must run as
-        # often on every rank: two forwards on one rank and one on another would deadlock
+    if not can_share_prompts(model, input_ids, attention_mask, n_completion, group_size):
         return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy, entropy_grad)
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
@@ -160,14 +220,15 @@ def checkpointing(model) -> bool:
 
 
 @torch.no_grad()
-def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | None) -> torch.Tensor:
+def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | None,
+                      packing: str = "off") -> torch.Tensor:
     """(B, T) `group_token_logprobs` of a batch without a graph, a micro-batch of at most
     `budget` padded tokens at a time (the behaviour and reference forwards of `rl.learner.micro_batch_tokens`)."""
     out = torch.zeros(exp.completion_mask.shape, dtype=torch.float32)                          # (B, T)
     for rows in micro_batches(*lengths(exp), exp.group_size, budget):
         part = trimmed(exp, rows)
-        logp, _ = group_token_logprobs(model, part.input_ids, part.attention_mask, part.completion_ids.size(1),
-                                       part.group_size, temperature)                          # (b, t)
+        logp, _ = micro_logprobs(model, part.input_ids, part.attention_mask, part.completion_ids.size(1),
+                                 part.group_size, temperature, packing=packing)               # (b, t)
         out[rows, : logp.size(1)] = logp.float().cpu()
     return out
 

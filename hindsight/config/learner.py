@@ -41,6 +41,11 @@ class LearnerConfig(Strict):
                                            "forward and backward; gradients accumulate over a mini-batch's "
                                            "micro-batches. Also bounds the behaviour, reference and critic forwards. "
                                            "null: a mini-batch at once")
+    packing: Literal["off", "on", "auto"] = Field("off", description="padding-free micro-batches: a micro-batch's "
+                                                  "rows end to end in sequences no wider than its widest row, "
+                                                  "positions restarting per row (hindsight.packing), in the update "
+                                                  "and the behaviour, reference and critic forwards; auto packs "
+                                                  "where it cuts the tokens a forward runs on by 15 %")
     max_grad_norm: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
     disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "

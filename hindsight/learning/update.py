@@ -22,7 +22,7 @@ from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, poli
 from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
 from hindsight.learning.critic import token_values
 from hindsight.experience import Experience, lengths, micro_batches, trimmed
-from hindsight.logprobs import group_token_logprobs, model_device
+from hindsight.logprobs import micro_logprobs, model_device, packs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +38,7 @@ class LearnerSettings:
     is_cap: float = 2.0
     mini_batch_size: int | None = None       # samples per optimizer step; None: the whole step
     micro_batch_tokens: int | None = None    # padded tokens per forward/backward; None: the whole mini-batch
+    packing: str = "off"                     # off / on / auto: rows end to end in a micro-batch's forwards
 
     @property
     def estimator(self):
@@ -130,18 +131,18 @@ def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None, sha
     if exp.advantages is not None:
         return exp
     if s.estimator.needs_critic and exp.values is None:
-        exp.values = (share or Share()).agree(_values(critic, exp, s.micro_batch_tokens))  # (B, T)
+        exp.values = (share or Share()).agree(_values(critic, exp, s.micro_batch_tokens, s.packing))  # (B, T)
     exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
     return exp
 
 
 @torch.no_grad()
-def _values(critic, exp: Experience, budget: int | None) -> torch.Tensor:
+def _values(critic, exp: Experience, budget: int | None, packing: str = "off") -> torch.Tensor:
     """(B, T) the critic's values before the update, a micro-batch at a time."""
     values = torch.zeros(exp.completion_mask.shape, dtype=exp.logprobs.dtype)     # (B, T)
     for rows in micro_batches(*lengths(exp), exp.group_size, budget):
         part = trimmed(exp, rows).to(model_device(critic))
-        v = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1))  # (b, t)
+        v = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1), packing)  # (b, t)
         values[rows, : v.size(1)] = v.cpu()
     return values
 
@@ -189,13 +190,15 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     `weight` is 0 for a rank's stand-in row, and so are `idle` extra micro-batches of a rank with
     fewer than the others whose forwards are collectives: they join them and count for nothing."""
     optimizer.zero_grad(set_to_none=True)
-    dev, sums, is_max = model_device(model), {}, 0.0
+    dev, sums, is_max, n_packed = model_device(model), {}, 0.0, 0
     for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
         mask = part.completion_mask                                               # (b, t)
-        logp, entropy = group_token_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
-                                             s.temperature, with_entropy=True,
-                                             entropy_grad=bool(s.loss.entropy_coef))  # (b, t), (b, t)
+        packed = packs(model, part.attention_mask, mask.size(1), part.group_size, s.packing, part.input_ids)
+        n_packed += packed
+        logp, entropy = micro_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
+                                       s.temperature, with_entropy=True, entropy_grad=bool(s.loss.entropy_coef),
+                                       packing="on" if packed else "off")  # (b, t), (b, t)
         is_w = None
         if s.is_correction == "tis" and part.engine_logprobs is not None:
             is_w = tis_weights(part.logprobs, part.engine_logprobs, s.is_cap)     # (b, t)
@@ -222,7 +225,7 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     out = {k: v / max(totals.tokens, 1.0) for k, v in sums.items() if k != "loss"}
     if "is/mean" in out:
         out["is/max"] = is_max  # this rank's
-    return {**out, "loss": sums["loss"], "grad_norm": float(grad_norm)}
+    return {**out, "loss": sums["loss"], "grad_norm": float(grad_norm), "learn/packing": n_packed / max(len(parts), 1)}
 
 
 def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,
@@ -231,7 +234,8 @@ def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], tota
     dev, sums = model_device(critic), {}
     for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
-        values = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1))  # (b, t)
+        values = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1),
+                              s.packing)  # (b, t)
         loss, clipped = value_loss(values, part.values, part.returns, part.completion_mask,
                                    s.algorithm_settings.value_clip, totals)
         (loss * w_loss).backward()

@@ -185,6 +185,6 @@ class RolloutWorker:
         renormalised over the nucleus. The engine's are kept for the optional IS weight."""
         self.policy.eval()
         logp = budgeted_logprobs(self.policy, exp, self.rl.rollout.temperature,
-                                 self.rl.learner.micro_batch_tokens)                                   # (B, T)
+                                 self.rl.learner.micro_batch_tokens, self.rl.learner.packing)         # (B, T)
         exp.engine_logprobs, exp.logprobs = exp.logprobs, logp * exp.completion_mask
         return exp

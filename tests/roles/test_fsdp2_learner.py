@@ -72,11 +72,18 @@ BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 40}
 RAY2 = {"placement": "ray", "learner": 2, "learner_strategy": "fsdp2"}
 
 
-@pytest.mark.parametrize("batching", [{}, BATCHING], ids=["whole", "mini-micro"])
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+# packed micro-batches (rows end to end) on the group of two against one padded process: PPO,
+# so the critic's packed forwards are in it too
+PACKED = {**BATCHING, "learner": {"packing": "on"}}
+
+
+@pytest.mark.parametrize("algorithm,batching", [
+    ("grpo", {}), ("grpo", BATCHING), ("ppo", {}), ("ppo", BATCHING), ("ppo", PACKED)],
+    ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed"])
 def test_fsdp2_group_of_two_trains_what_one_process_trains(init, tmp_path, algorithm, batching):
     work, path = init
-    one = run_steps(config(work, tmp_path / "one", algorithm, **batching), path)
+    padded = {k: v for k, v in batching.items() if k != "learner"}  # the one process always runs padded
+    one = run_steps(config(work, tmp_path / "one", algorithm, **padded), path)
     two = run_steps(config(work, tmp_path / "two", algorithm, RAY2, **batching), path)
     try:
         assert_same_training(one, two, path)

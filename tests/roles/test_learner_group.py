@@ -56,10 +56,17 @@ def _run(work, init, run_dir, algorithm, workers, **batching):
 BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 24}
 
 
-@pytest.mark.parametrize("batching", [{}, BATCHING], ids=["whole", "mini-micro"])
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+# packed micro-batches (rows end to end) on the group of two against one padded process: PPO,
+# so the critic's packed forwards are in it too
+PACKED = {**BATCHING, "learner": {"packing": "on"}}
+
+
+@pytest.mark.parametrize("algorithm,batching", [
+    ("grpo", {}), ("grpo", BATCHING), ("ppo", {}), ("ppo", BATCHING), ("ppo", PACKED)],
+    ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed"])
 def test_two_learners_train_what_one_trains(init, tmp_path, algorithm, batching):
-    one, _, _ = _run(*init, tmp_path / "one", algorithm, {}, **batching)
+    padded = {k: v for k, v in batching.items() if k != "learner"}  # the one process always runs padded
+    one, _, _ = _run(*init, tmp_path / "one", algorithm, {}, **padded)
     two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray", "learner": 2}, **batching)
     moved = max((a - b).abs().max().item() for a, b in zip(one.policy.parameters(), two.policy.parameters()))
     print(f"{algorithm}: 1 vs 2 learners max |diff| {moved:.2e}")

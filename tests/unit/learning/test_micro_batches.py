@@ -51,7 +51,7 @@ def _double(exp):
     return exp
 
 
-def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4):
+def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4, packing="off"):
     torch.manual_seed(0)
     model = load_causal_lm(path).double()
     critic = critic_opt = None
@@ -63,6 +63,7 @@ def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4):
         params = PPOSettings(critic_lr=lr)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     s = LearnerSettings(algorithm=algorithm, params=params, mini_batch_size=mini, micro_batch_tokens=budget,
+                        packing=packing,
                         loss=LossSettings(loss_agg=agg, kl_coef=0.05, max_len=exp.completion_ids.size(1), entropy_coef=0.01))
     metrics = update(model, opt, _double(exp), s, critic, critic_opt)
     return model, critic, metrics
@@ -92,6 +93,25 @@ def test_a_micro_batched_step_equals_the_whole_batch_step(batch, algorithm, agg)
             assert m["critic/loss"] == pytest.approx(m_whole["critic/loss"], rel=1e-5)
         assert m["loss"] == pytest.approx(m_whole["loss"], rel=1e-5, abs=1e-7)
         assert m["entropy"] == pytest.approx(m_whole["entropy"], rel=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_a_packed_step_equals_the_padded_step(batch, algorithm, agg):
+    """Rows end to end (`rl.learner.packing: on`) against the padded forwards (the whole batch's
+    shared-prompt forward, and micro-batches of rows): the same parameters and gradients, the
+    critic's too, with the KL term and the entropy bonus."""
+    path, pad_id, exp = batch
+    for budget in (None, 90):
+        padded, padded_critic, m_pad = _train(path, pad_id, exp, algorithm, agg, budget)
+        packed, packed_critic, m = _train(path, pad_id, exp, algorithm, agg, budget, packing="on")
+        assert (m["learn/packing"], m_pad["learn/packing"]) == (1.0, 0.0)
+        _assert_same(packed, padded)
+        if algorithm == "ppo":
+            _assert_same(packed_critic, padded_critic)
+            assert m["critic/loss"] == pytest.approx(m_pad["critic/loss"], rel=1e-6)
+        for key in ("loss", "entropy", "kl", "ratio_mean"):
+            assert m[key] == pytest.approx(m_pad[key], rel=1e-6, abs=1e-9), key
 
 
 def test_mini_batches_step_once_each_and_micro_batches_do_not_change_them(batch):
