@@ -108,7 +108,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: in
 
 
 def unpack(values: torch.Tensor, packed: Packed, shape: tuple[int, int]) -> torch.Tensor:
-    """values (M,) in keep's order (bin by bin, rows ascending in a bin) -> (B, T) at each (row, column), 0 where nothing was kept.
-    Differentiable: the gradient reaches each kept value."""
+    """values (M,) in keep's order (bin by bin, rows ascending in a bin) -> (B, T) at each (row,
+    column), 0 where nothing was kept. Differentiable: the gradient reaches each kept value."""
     out = values.new_zeros(shape)                                                       # (B, T)
     return out.index_put((packed.rows, packed.cols), values)
