@@ -16,7 +16,7 @@ from hindsight.state.rundir import RunDir
 from hindsight.state.runlock import run_lock
 from hindsight.stage import StageContext, StageResult, StageSpec, check_models, check_prompts, preflight
 from tasks.cache import declared_key
-from tasks.stages import stage_task
+from tasks.stages import has_cached_result, stage_task
 from tracking.spool import Spool
 import tracking
 from tracking import SPOOLED, resolve_model
@@ -40,9 +40,10 @@ def run_declared(spec: StageSpec, cfg: PipelineConfig, force: bool, parent_run_i
         paths, versions = {}, {}
         for role, uri in spec.models(cfg).items():
             paths[role], versions[role] = resolve_model(cfg, uri, role) if uri else (None, None)
-        check_models(paths)
-        check_prompts(spec, cfg, paths)  # with the input model at hand, still before any MLflow run
         key = declared_key(spec, cfg, versions, data_md5)
+        if force or not has_cached_result(key):  # a cached stage trains nothing: seconds saved on a rerun
+            check_models(paths)
+            check_prompts(spec, cfg, paths)  # with the input model at hand, still before any MLflow run
         RunDir.of(cfg).record(spec.workdir)  # before the stage writes there: --force and the sweep may touch it
         return run_stage(spec, cfg, force)(spec, cfg, paths, data_md5, key, parent_run_id)
 

@@ -6,15 +6,17 @@ from prefect import flow
 from flows.common import run_declared
 from hindsight.config import PipelineConfig
 from hindsight.errors import DataError
-from hindsight.models.load import load_causal_lm, load_tokenizer
-from hindsight.learning.negative import negative_finetune, split_by_reward
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 from hindsight.state.rundir import RunDir
 from hindsight.state.store import RolloutStore
-from hindsight.scoring.evaluate import evaluate_model
 
 
 def negative_ft_story(ctx: StageContext) -> StageOutput:
+    # torch and transformers: imported when the stage trains, not when a cached rerun loads it
+    from hindsight.learning.negative import negative_finetune, split_by_reward
+    from hindsight.models.load import load_causal_lm, load_tokenizer
+    from hindsight.scoring.evaluate import evaluate_model
+
     cfg, n = ctx.cfg, ctx.cfg.negative_ft
     negatives, positives = split_by_reward(RolloutStore(RunDir.of(cfg).rl.path), n.quantile)
     if not negatives:

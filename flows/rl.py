@@ -10,11 +10,9 @@ import logging
 from prefect import flow
 
 from flows.common import run_declared, transient
-from hindsight.state.checkpoint import checkpoint_spans
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.data.rows import format_mismatch
-from hindsight.models.export import export_adapter, export_merged
 from hindsight.errors import AlertStop, Preempted
 from hindsight.faults import crash_point
 from hindsight.fsutil import append_line
@@ -25,15 +23,19 @@ from hindsight.rollout.engines import get_engine
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 import tracking
-from tracking.lookback import compare_versions
-from tasks.rl import close_run, evaluate_task, get_run, open_run, report_task, steps_task
 
 log = logging.getLogger("hindsight")
+
+# The RL run's tasks, checkpoints and exports import torch and transformers (seconds): they are
+# imported in the functions that run them, so a cached rerun, which loads this flow and trains
+# nothing, does not pay for them.
 
 
 def rl_story(ctx: StageContext) -> StageOutput:
     """Evaluate, then rollout -> score -> update per step while watching the metrics (alerts,
     reports, plots), and once the policy is registered, compare it with earlier versions."""
+    from tasks.rl import close_run, evaluate_task, get_run, open_run
+
     cfg, run_id = ctx.cfg, ctx.run_id
     key = open_run(cfg, ctx.inputs["rl.init"], ctx.inputs["reward_model"])
     try:
@@ -51,6 +53,8 @@ def rl_story(ctx: StageContext) -> StageOutput:
         close_run(key)
 
     def compare(run_id: str) -> None:
+        from tracking.lookback import compare_versions
+
         crash_point("lookback", 0)
         if cfg.eval.compare_versions:
             report = compare_versions(cfg, init_path, cfg.rl.init or model_uri(cfg, "sft"))
@@ -67,6 +71,8 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
     lora = cfg.rl.lora
     if not lora.enabled:
         return policy_dir, {}
+    from hindsight.models.export import export_adapter, export_merged
+
     export = RunDir.of(cfg).rl.export_policy
     tags = {"hindsight.adapter": f"lora r={lora.r} alpha={lora.alpha}", "hindsight.lora_registered": lora.registered}
     if lora.registered == "merged":
@@ -76,6 +82,9 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
 
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
+    from hindsight.state.checkpoint import checkpoint_spans
+    from tasks.rl import evaluate_task, get_run, steps_task
+
     progress = StepProgress("rl", cfg.rl.steps, start)
     preemption = Preemption()
 
@@ -157,6 +166,8 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
 
     A `stop` alert first writes a checkpoint at this step, so rerunning the command resumes here.
     """
+    from tasks.rl import get_run, report_task
+
     run = get_run(key)
     tracking.log_metrics(cfg, run_id, metrics, done)
     alerts = run.observe(done, metrics)

@@ -6,7 +6,6 @@ from prefect import flow
 from flows.common import run_declared, train
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec
-from hindsight.scoring.evaluate import evaluate_path
 import tracking
 
 
@@ -16,6 +15,8 @@ def sft_story(ctx: StageContext) -> StageOutput:
     metrics = train(ctx, "sft", model_path=ctx.inputs["model.base"], data=cfg.data.reading("sft"), out_dir=out_dir, lr=s.lr,
                     epochs=s.epochs, batch_size=s.batch_size, max_length=s.max_length, seed=cfg.seed, lora=s.lora,
                     max_steps=s.max_steps, gradient_checkpointing=cfg.model.gradient_checkpointing)
+    from hindsight.scoring.evaluate import evaluate_path  # torch and transformers: only when SFT trains
+
     metrics["eval/accuracy"], decoding = evaluate_path(cfg, str(out_dir))
     tracking.log_decoding(cfg, ctx.run_id, decoding)
     ctx.log(metrics, 0)

@@ -13,7 +13,6 @@ from prefect.runtime import task_run
 
 from hindsight.config import PipelineConfig
 from hindsight.faults import crash_point
-from hindsight.state.checkpoint import require_healthy
 from hindsight.stage import StageContext, StageResult, StageSpec, model_name
 import tracking
 from tasks.cache import cache_key_from_inputs
@@ -32,6 +31,8 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
         tracking.log_context(cfg, run_id, data_md5)
         out = spec.story(StageContext(cfg=cfg, inputs=inputs, run_id=run_id,
                                       log=lambda metrics, step: tracking.log_metrics(cfg, run_id, metrics, step)))
+        from hindsight.state.checkpoint import require_healthy  # torch: only a stage that trains needs it
+
         require_healthy(out.model_dir, spec.name, cfg.model.max_weight_abs)  # nor one that diverged to 1e30
         version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
         try:
@@ -56,3 +57,15 @@ def look_back(cfg: PipelineConfig, run_id: str, stage: str, version: str, then) 
         log.error(f"{stage}: the end-of-run look-back failed ({message}); version {version} is registered, "
                   f"its comparison report is missing")
         tracking.set_tags(cfg, run_id, {"hindsight.lookback_error": message[:5000]})
+
+
+def has_cached_result(key: str) -> bool:
+    """Whether the stage task holds a result for `key` (a run now would return Cached): the
+    checks that guard training are then skipped, as the stage trains nothing. Any doubt (a
+    store that cannot be read) answers no, and the checks run."""
+    from prefect.results import get_result_store
+
+    try:
+        return bool(get_result_store().update_for_task(stage_task, _sync=True).exists(key))
+    except Exception:  # noqa: BLE001  (a storage error only costs the checks)
+        return False

@@ -10,7 +10,7 @@ from mlflow.exceptions import MlflowException
 
 from hindsight.config import PipelineConfig
 from hindsight.errors import ConfigError
-from hindsight.models.load import resolve_model_source
+from hindsight.models.source import resolve_model_source
 from tracking.store import client
 from tracking.writes import file_checksums, register_version, write
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from hindsight.config.base import Strict
-from hindsight.learning.strategies import STRATEGIES, get_strategy
+from hindsight.learning.strategies.catalogue import check_name, get_strategy
 
 
 class HealthConfig(Strict):
@@ -65,12 +65,11 @@ class LearnerConfig(Strict):
     @field_validator("strategy")
     @classmethod
     def _registered(cls, name: str) -> str:
-        get_strategy(name)  # ValueError naming the registered ones
-        return name
+        return check_name(name)  # ValueError naming the registered ones
 
     @model_validator(mode="after")
     def _offload_needs_shards(self):
-        if self.offload and not STRATEGIES[self.strategy].can_offload:
+        if self.offload and not get_strategy(self.strategy).can_offload:
             raise ValueError(f"offload moves a sharded learner's state to the CPU; strategy {self.strategy} keeps it "
                              f"on the device: set strategy: fsdp2")
         return self

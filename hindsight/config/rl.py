@@ -13,7 +13,7 @@ from hindsight.config.learner import LearnerConfig
 from hindsight.config.legacy import move_deprecated
 from hindsight.config.scoring import RewardFnConfig, ScoringConfig  # noqa: F401  (re-exported)
 from hindsight.learning.algorithms import ALGORITHMS, get_algorithm
-from hindsight.learning.strategies import STRATEGIES
+from hindsight.learning.strategies.catalogue import get_strategy
 from hindsight.lookback.alerts import RULES
 from hindsight.rollout.engines import ENGINES, get_engine
 
@@ -233,7 +233,7 @@ class RLConfig(Strict):
             # the sampler process and the Ray actors load plain weights: LoRA there is not built
             raise ValueError("lora.enabled trains the adapter in the stage's process: it does not combine with "
                              "async.max_staleness >= 1 or workers.placement: ray yet")
-        if self.lora.enabled and not STRATEGIES[self.learner.strategy].trains_adapters:
+        if self.lora.enabled and not get_strategy(self.learner.strategy).trains_adapters:
             raise ValueError(f"lora.enabled trains a replicated adapter: learner.strategy: {self.learner.strategy} "
                              f"does not shard one yet (use ddp, or train the full model under {self.learner.strategy})")
         return self

@@ -1,6 +1,7 @@
 """SFT and reward-model training on TRL's trainers; hindsight only wires data and config in."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from hindsight.data.rows import load_rows
@@ -44,7 +45,7 @@ def train_sft(model_path: str, data: dict, out_dir: str | Path, *, lr: float, ep
     )
     trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=_lora_config(lora),
-                         callbacks=[_MetricCallback(log, "sft")] if log else None)
+                         callbacks=[_metric_callback(log, "sft")] if log else None)
     _one_report(trainer)
     result = trainer.train()
     trainer.accelerator.wait_for_everyone()
@@ -85,7 +86,7 @@ def train_reward_model(model_path: str, data: dict, out_dir: str | Path, *, lr: 
         **_checkpointing(gradient_checkpointing),
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok,
-                            callbacks=[_MetricCallback(log, "reward-model")] if log else None)
+                            callbacks=[_metric_callback(log, "reward-model")] if log else None)
     _one_report(trainer)
     result = trainer.train()
     metrics = {"train/loss": float(result.training_loss)}
@@ -168,31 +169,37 @@ def _one_report(trainer) -> None:
     trainer.remove_callback(PrinterCallback)
 
 
-def _metric_callback_base():
+def _metric_callback(log, label: str):
+    return _metric_callback_class()(log, label)
+
+
+@lru_cache(maxsize=None)
+def _metric_callback_class():
+    """Built on first use: transformers' trainer modules take seconds to import, and a cached
+    rerun, which imports this module with every stage's flow, trains nothing."""
     from transformers import TrainerCallback
 
-    return TrainerCallback
+    class MetricCallback(TrainerCallback):
+        """Forward the trainer's log lines to our metric sink (MLflow in tasks/), step by step,
+        and show progress (a rich bar on a terminal, a line per log otherwise)."""
 
+        def __init__(self, log, label: str = "train"):
+            self.log, self.label, self.progress = log, label, None
 
-class _MetricCallback(_metric_callback_base()):
-    """Forward the trainer's log lines to our metric sink (MLflow in tasks/), step by step,
-    and show progress (a rich bar on a terminal, a line per log otherwise)."""
+        def on_train_begin(self, args, state, control, **kwargs):
+            from hindsight.progress import StepProgress
 
-    def __init__(self, log, label: str = "train"):
-        self.log, self.label, self.progress = log, label, None
+            self.progress = StepProgress(self.label, state.max_steps)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        from hindsight.progress import StepProgress
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            numeric = {f"train/{k}": float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
+            if numeric:
+                self.log(numeric, state.global_step)
+                if self.progress is not None and "train/loss" in numeric:
+                    self.progress.advance(state.global_step, f"loss {numeric['train/loss']:.4f}")
 
-        self.progress = StepProgress(self.label, state.max_steps)
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                self.progress.close()
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        numeric = {f"train/{k}": float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
-        if numeric:
-            self.log(numeric, state.global_step)
-            if self.progress is not None and "train/loss" in numeric:
-                self.progress.advance(state.global_step, f"loss {numeric['train/loss']:.4f}")
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.progress is not None:
-            self.progress.close()
+    return MetricCallback

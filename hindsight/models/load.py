@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from hindsight.errors import CheckpointError, ConfigError
+from hindsight.errors import CheckpointError
 
 log = logging.getLogger("hindsight.models")
 
@@ -26,38 +26,7 @@ def disable_dropout(model) -> None:
                 setattr(module, attr, 0.0)
 
 
-MODEL_CACHE = ".hindsight/models"  # built-in tiny models and imported GGUF files, relative to the working directory
-
-
-def resolve_model_path(name_or_path: str, cache_dir: str | Path = MODEL_CACHE, field: str = "model.base") -> str:
-    """`tiny://demo` or `tiny://qwen2` builds (once) a tiny model in code; a `.gguf` file is
-    imported (once) into a plain folder (`models.gguf`); a local path must exist; a hub id passes."""
-    return resolve_model_source(name_or_path, cache_dir, field)[0]
-
-
-def resolve_model_source(name_or_path: str, cache_dir: str | Path = MODEL_CACHE,
-                         field: str = "model.base") -> tuple[str, str]:
-    """(`resolve_model_path`'s folder, the version that names it): a GGUF file's is its sha256,
-    anything else's is the name it was given."""
-    if name_or_path.startswith("tiny://"):
-        from hindsight.models.tiny import TINY
-
-        name = name_or_path.removeprefix("tiny://")
-        if name not in TINY:
-            raise ConfigError(f"{field}: {name_or_path}: no such built-in model (tiny://{', tiny://'.join(TINY)})")
-        target = Path(cache_dir) / name
-        if not target.exists():
-            TINY[name](target)
-        return str(target), name_or_path
-    from hindsight.models.gguf import cached_import, is_gguf, package_file
-
-    path = package_file(name_or_path, field)
-    if is_gguf(path):
-        return cached_import(path, cache_dir, field)
-    looks_local = path.startswith((".", "/", "~")) or Path(path).exists()
-    if looks_local and not Path(path).expanduser().is_dir():
-        raise ConfigError(f"{field}: model path {path} does not exist (expected a model folder)")
-    return path, name_or_path
+from hindsight.models.source import MODEL_CACHE, resolve_model_path, resolve_model_source  # noqa: E402,F401
 
 
 def _loading(path: str, what: str, load):

@@ -2,11 +2,12 @@
 
 The reported failure: a model folder whose config still carried a GGUF `quantization_config`
 trained 4 RL steps, then failed its first checkpoint ("quantized with gguf and is not
-serializable"), and the retry began again from step 0. Minutes too late. The checks here cost
-milliseconds: the config is read, not the weights; the config and generation config are saved
+serializable"), and the retry began again from step 0. Minutes too late. The checks here read
+the config, not the weights; the config and generation config are saved
 once into a temporary folder, as every checkpoint saves them (a generation config that
 transformers refuses to write, such as `num_return_sequences: 3` without sampling, loads fine
-and fails only there). `require_savable` is the same refusal for a model already loaded.
+and fails only there). A passed probe is remembered by the files' bytes, since loading a config
+imports seconds of transformers. `require_savable` is the same refusal for a model already loaded.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from hindsight.errors import ConfigError
 
+SAVE_PROBES = ".hindsight/save-probes"  # beside models.load.MODEL_CACHE, relative to the working directory
 IMPORT_HINT = "a GGUF file is imported into a full-precision folder: `hindsight model import SRC OUT`"
 
 
@@ -46,6 +48,9 @@ def check_model_folder(path: str | Path, field: str) -> None:
 
 
 def _probe_save(folder: Path, field: str) -> None:
+    passed = _probe_record(folder)
+    if passed.exists():  # these same files passed under this transformers: a cached rerun pays nothing
+        return
     from transformers import AutoConfig, GenerationConfig
 
     with tempfile.TemporaryDirectory(prefix="hindsight-save-probe-") as tmp:
@@ -59,6 +64,24 @@ def _probe_save(folder: Path, field: str) -> None:
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
                 raise ConfigError(f"{field}: {folder / name}: the model cannot be saved, so no checkpoint of it "
                                   f"could be written ({type(exc).__name__}: {first}); fix that file") from None
+    try:
+        passed.parent.mkdir(parents=True, exist_ok=True)
+        passed.touch()
+    except OSError:
+        pass  # a read-only working directory: the probe runs again next time
+
+
+def _probe_record(folder: Path) -> Path:
+    """The marker of a passed probe: named by the two files' bytes and transformers' version
+    (the probe loads the config, which is seconds of transformers' imports, then saves it)."""
+    import hashlib
+    from importlib.metadata import version
+
+    h = hashlib.sha256(version("transformers").encode())
+    for name in ("config.json", "generation_config.json"):
+        file = folder / name
+        h.update(name.encode() + (file.read_bytes() if file.is_file() else b"-"))
+    return Path(SAVE_PROBES) / h.hexdigest()
 
 
 def require_savable(model, where: str) -> None:

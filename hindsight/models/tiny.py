@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 DEMO_SPECIAL = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
 
 
@@ -45,6 +43,8 @@ def build_demo_tokenizer():
 def build_tiny_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
                      seed: int = 0) -> Path:
     """Write a randomly initialised Llama-style causal LM plus tokenizer in HF format."""
+    import torch  # here, not at import: resolving tiny://NAME to a built folder needs no torch
+
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out_dir = Path(out_dir)
@@ -98,6 +98,8 @@ def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, hea
                      seed: int = 0) -> Path:
     """Write a randomly initialised `Qwen2ForCausalLM`, its ChatML tokenizer and a Qwen-style
     generation config (both end tokens, a repetition penalty) in Hugging Face format."""
+    import torch  # here, not at import: resolving tiny://NAME to a built folder needs no torch
+
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
@@ -124,6 +126,8 @@ def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int =
     """A tiny Qwen2 judge for tests and the judge benchmark: trained in code (seconds) to answer
     every chat prompt with `answer` and end its turn, so that it can be served (`transformers
     serve`) and parsed like a real judge model."""
+    import torch  # here, not at import: resolving tiny://NAME to a built folder needs no torch
+
     import random
 
     from transformers import AutoTokenizer, Qwen2ForCausalLM

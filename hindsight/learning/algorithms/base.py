@@ -8,10 +8,12 @@ docs/design.md walks through adding one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # the config imports every algorithm for its block, and must not pay for torch
+    import torch
 
 
 class AlgorithmSettings(BaseModel):

@@ -5,7 +5,6 @@ from typing import Literal
 
 from pydantic import Field
 
-from hindsight.learning.algorithms.advantages import grpo_advantages, sequence_kl_penalty
 from hindsight.learning.algorithms.base import AdvantageInputs, Algorithm, AlgorithmSettings, register
 
 
@@ -23,5 +22,7 @@ class GRPO(Algorithm):
 
     @staticmethod
     def advantages(x: AdvantageInputs, s: GRPOSettings):
+        from hindsight.learning.algorithms.advantages import grpo_advantages, sequence_kl_penalty  # torch: lazily (base)
+
         rewards = sequence_kl_penalty(x.rewards, x.kl, x.mask, x.kl_coef) if x.kl is not None else x.rewards  # (B,)
         return grpo_advantages(rewards, x.group_size, s.scale_rewards), None                                  # (B,)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from hindsight.learning.algorithms.advantages import gae, masked_whiten, token_rewards
 from hindsight.learning.algorithms.base import AdvantageInputs, Algorithm, CriticSettings, register
 
 
@@ -20,6 +19,8 @@ class PPO(Algorithm):
 
     @staticmethod
     def advantages(x: AdvantageInputs, s: PPOSettings):
+        from hindsight.learning.algorithms.advantages import gae, masked_whiten, token_rewards  # torch: lazily (base)
+
         token_r = token_rewards(x.rewards, x.mask, x.kl, x.kl_coef)               # (B, T)
         advantages, returns = gae(token_r, x.values, x.mask, s.gamma, s.lam)     # (B, T) each
         return masked_whiten(advantages, x.mask), returns

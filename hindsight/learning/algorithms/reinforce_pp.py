@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from hindsight.learning.algorithms.advantages import reinforce_pp_advantages
 from hindsight.learning.algorithms.base import AdvantageInputs, Algorithm, AlgorithmSettings, register
 
 
@@ -18,4 +17,6 @@ class ReinforcePP(Algorithm):
 
     @staticmethod
     def advantages(x: AdvantageInputs, s: ReinforcePPSettings):
+        from hindsight.learning.algorithms.advantages import reinforce_pp_advantages  # torch: lazily (base)
+
         return reinforce_pp_advantages(x.rewards, x.mask, x.kl, x.kl_coef, s.gamma), None  # (B, T)

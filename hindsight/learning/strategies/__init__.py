@@ -1,4 +1,4 @@
-"""Learner strategies: importing this package registers the built-in ones (`ddp`, `fsdp2`);
-`rl.learner.strategy` takes a registered name. `base.Strategy` is the contract."""
-from hindsight.learning.strategies import replicated, sharded  # noqa: F401  (registration)
-from hindsight.learning.strategies.base import STRATEGIES, Strategy, get_strategy, register, unregister  # noqa: F401
+"""Learner strategies: `base.Strategy` is the contract, `catalogue` the registry (torch-free, so
+the config imports it without torch); `rl.learner.strategy` takes a registered name. The built-in
+ones (`ddp`, `fsdp2`) register when a strategy is first looked up."""
+from hindsight.learning.strategies.catalogue import STRATEGIES, get_strategy, names, register, unregister  # noqa: F401

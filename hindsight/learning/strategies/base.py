@@ -11,8 +11,8 @@ owns everything that differs between variants:
 - publication: `serving` (the full policy the rest of the run reads) and `publish` (new weights
   into it, a bucket at a time).
 
-The next strategy is one class in a file of this package, decorated with `@register` and
-imported in `__init__`; `rl.learner.strategy` then takes its name.
+The next strategy is one class in a file of this package, decorated with `@register`, its module
+named in `catalogue.BUILT_IN`; `rl.learner.strategy` then takes its name.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Callable, ClassVar
 
 import torch
 
+from hindsight.learning.strategies.catalogue import STRATEGIES, get_strategy, register, unregister  # noqa: F401
 from hindsight.learning.update import Share
 
 
@@ -107,25 +108,6 @@ class Strategy(Share):
         """The whole state dict of a trained model, `which` is "policy" or "critic" (for
         inspection and tests)."""
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-STRATEGIES: dict[str, type[Strategy]] = {}
-
-
-def register(cls: type[Strategy]) -> type[Strategy]:
-    STRATEGIES[cls.name] = cls
-    return cls
-
-
-def unregister(name: str) -> None:
-    STRATEGIES.pop(name, None)
-
-
-def get_strategy(name: str) -> type[Strategy]:
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown learner strategy {name!r}; registered: {', '.join(sorted(STRATEGIES))}") from None
 
 
 def local_init_method() -> str:

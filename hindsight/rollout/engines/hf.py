@@ -4,7 +4,6 @@ and its behaviour log-probs are the training model's own forward, so nothing is 
 from __future__ import annotations
 
 from hindsight.rollout.engines.base import Engine, register
-from hindsight.rollout.hf import sample_groups
 
 
 @register
@@ -21,6 +20,8 @@ class HF(Engine):
         self.policy = policy  # the worker's model itself: nothing to copy
 
     def sample(self, prompts: list, seeds: list[int], group_size: int):
+        from hindsight.rollout.hf import sample_groups  # torch: not at import (see engines/vllm.py)
+
         r = self.ctx.rollout
         return sample_groups(self.policy, self.ctx.tok, prompts, seeds, group_size, r.max_new_tokens, r.temperature,
                              r.top_p, r.logprobs, self.ctx.budget)

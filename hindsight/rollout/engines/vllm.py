@@ -20,16 +20,17 @@ exercises it on a GPU.
 from __future__ import annotations
 
 import importlib.util
-
-import torch
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from hindsight.data.chat import prompt_text
-from hindsight.experience import Experience, pad_left, pad_right
-from hindsight.models.lora import engine_parameters
 from hindsight.rollout.engines.base import Engine, EngineSettings, register
-from hindsight.transport.vllm import VLLMSender
+
+if TYPE_CHECKING:
+    from hindsight.experience import Experience
+
+# torch and the rest are imported where they are used: the config imports every engine for its
+# settings block, and a command that samples nothing (a cached rerun) must not pay for torch
 
 
 class VLLMSettings(EngineSettings):
@@ -43,6 +44,8 @@ def vllm_problem() -> str | None:
     """Why the vLLM backend cannot run here, or None when it can."""
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed (pip install -e '.[vllm]')"
+    import torch
+
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible (vLLM needs one; use rollout.backend: hf on a CPU)"
     return None
@@ -80,6 +83,9 @@ class VLLMEngine:
         VLLM.require()
         from vllm import LLM
 
+        from hindsight.models.lora import engine_parameters
+        from hindsight.transport.vllm import VLLMSender
+
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.version = 0
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
@@ -93,11 +99,12 @@ class VLLMEngine:
         self.version += 1
         self.sender.publish(self.version, model)
 
-    @torch.no_grad()
     def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int, stop_ids: tuple[int, ...] = ()) -> Experience:
         """Sample `group_size` completions per prompt; returns the same Experience as the hf backend."""
         from vllm import SamplingParams
+
+        from hindsight.data.chat import prompt_text
 
         # every setting explicit, and the stop set the hf sampler uses: nothing from the checkpoint's
         # generation config (vLLM reads it only through get_default_sampling_params, not called here)
@@ -118,6 +125,10 @@ class VLLMEngine:
 def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]],
                             group_size: int, pad_id: int) -> Experience:
     """Token lists (vLLM stops at EOS and includes it) -> the padded batch the learner trains on."""
+    import torch
+
+    from hindsight.experience import Experience, pad_left, pad_right
+
     p_ids, p_mask = pad_left(prompt_ids, pad_id)                                  # (B, P)
     c_ids, c_mask = pad_right(completions, pad_id)                                # (B, T)
     lp, _ = pad_right(logprobs, 0.0, dtype=torch.float32)                          # (B, T)
