@@ -1,9 +1,10 @@
 """Does a long RL run stay flat? `hindsight run rl` on a tiny config for 2,000 steps (the real
 command: Prefect, MLflow, the rollout store, the ledger, the history, the alerts, checkpoints
 every 100 steps), with its per-step time and resident memory sampled from outside, early
-(steps 100-300) against late (the last 200).
+(steps 100-300, or `--early A:B`) against late (the last 200, or `--late C:D`).
 
     python bench/long_run.py [--steps 2000]        # about 10 minutes here
+    python bench/long_run.py --steps 600 --early 25:75 --late 525:575   # the soak of issue 36
 
 Prints `ratio step_time late/early: X` (medians) and `ratio peak_memory late/early: Y` (the
 largest RSS in each window), and the rollout store's bytes per step, from which docs/benchmarks.md
@@ -77,6 +78,8 @@ def _store_bytes(rl: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--early", default="100:300", help="steps A:B of the early window")
+    ap.add_argument("--late", default=None, help="steps C:D of the late window (default: the last 200)")
     a = ap.parse_args()
     from hindsight.data.demo import build_demo_data
     from hindsight.models.tiny import build_tiny_model
@@ -110,15 +113,15 @@ def main() -> None:
         if proc.returncode != 0:
             raise SystemExit(f"the run failed: {(work / 'log').read_text()[-2000:]}")
         per_step = {s: done_at[s] - done_at[s - 1] for s in done_at if s - 1 in done_at}
-        early = range(100, 300)
-        late = range(a.steps - 200, a.steps)
+        early = range(*map(int, a.early.split(":")))
+        late = range(*map(int, a.late.split(":"))) if a.late else range(a.steps - 200, a.steps)
         t_early = statistics.median(per_step[s] for s in early if s in per_step)
         t_late = statistics.median(per_step[s] for s in late if s in per_step)
         m_early = max(v for s, v in rss.items() if s in early)
         m_late = max(v for s, v in rss.items() if s in late)
         per_step_bytes = _store_bytes(work / "runs/long/rl") / a.steps
-    print(f"{a.steps} steps: step time median early (100-300) {t_early * 1000:.1f} ms, late (last 200) "
-          f"{t_late * 1000:.1f} ms; peak RSS early {m_early:.0f} MiB, late {m_late:.0f} MiB")
+    print(f"{a.steps} steps: step time median early ({early.start}-{early.stop}) {t_early * 1000:.1f} ms, late "
+          f"({late.start}-{late.stop}) {t_late * 1000:.1f} ms; peak RSS early {m_early:.0f} MiB, late {m_late:.0f} MiB")
     print(f"ratio step_time late/early: {t_late / t_early:.3f}")
     print(f"ratio peak_memory late/early: {m_late / m_early:.3f}")
     print(f"rollout store: {per_step_bytes / 1024:.1f} KiB per step (4 completions of <= 3 tokens)")
