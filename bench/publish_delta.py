@@ -94,7 +94,7 @@ def main() -> None:
                                v.view(torch.int16 if a.dtype == "bfloat16" else torch.int32))
                    for k, v in pub.held.items())
         assert same, f"version {version}: the receiver is not bit-equal to the sender"
-        changed = sum(t.numel() for k, t in payload.tensors.items() if k.endswith("::values")) / n
+        changed = sum(t.numel() for k, t in payload.tensors.items() if k.endswith("::gaps")) / n
         kind = "full" if payload.base is None else "delta"
         if payload.base is not None:
             ratios.append(len(data) / full)

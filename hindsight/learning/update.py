@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 
@@ -21,6 +22,7 @@ from hindsight.learning.algorithms.base import AdvantageInputs, AlgorithmSetting
 from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss, tis_weights, value_loss
 from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
 from hindsight.learning.critic import token_values
+from hindsight.learning.oom import split_on_oom
 from hindsight.experience import Experience, lengths, micro_batches, trimmed
 from hindsight.logprobs import micro_logprobs, model_device, packs
 
@@ -171,17 +173,45 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
             mine, weight = share.rows([groups[i] for i in rows])
             totals = Totals.of(exp.completion_mask[rows])  # the whole mini-batch's, on every rank
             mb = exp.rows([rows[i] for i in mine])
-            parts = micro_batches(*lengths(mb), mb.group_size, s.micro_batch_tokens)
-            scale = weight * share.grad_scale
-            idle = share.most(len(parts)) - len(parts)  # zero-weighted micro-batches that join the collectives
-            step = _policy_step(model, optimizer, mb, parts, totals, s, share, scale, weight, idle, health)
-            if critic is not None:
-                step.update(_critic_step(critic, critic_optimizer, mb, parts, totals, s, share, scale, weight, idle))
-            steps.append({**step, "learn/padding_fraction": padding_fraction(mb, parts),
-                          "learn/micro_batches": float(len(parts))})
+            steps.append(_mini_batch_step(model, optimizer, critic, critic_optimizer, mb, totals, s, share, weight,
+                                          health))
         metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
         ratios[f"ratio_mean/iter{it}"] = metrics["ratio_mean"]
     return {**metrics, **ratios, "learn/mini_batches": float(len(steps))}
+
+
+def _mini_batch_step(model, optimizer, critic, critic_optimizer, mb: Experience, totals: Totals, s: LearnerSettings,
+                     share: Share, weight: float, health) -> dict:
+    """The policy's optimizer step on a mini-batch (this rank's rows), then the critic's, each in
+    micro-batches of `s.micro_batch_tokens`, each redone in smaller ones after an out-of-memory
+    error (`learning.oom`)."""
+    scale = weight * share.grad_scale
+    widths = [p + c for p, c in zip(*lengths(mb))]
+    cut = partial(_cut, mb)
+    step, redone = split_on_oom(partial(_policy_parts, model, optimizer, mb, totals, s, share, scale, weight, health),
+                                cut, s.micro_batch_tokens, widths, share.world,
+                                lambda: optimizer.zero_grad(set_to_none=True))
+    if critic is not None:
+        more, again = split_on_oom(partial(_critic_parts, critic, critic_optimizer, mb, totals, s, share, scale, weight),
+                                   cut, s.micro_batch_tokens, widths, share.world,
+                                   lambda: critic_optimizer.zero_grad(set_to_none=True))
+        step, redone = {**step, **more}, redone + again
+    return {**step, "learn/oom_retries": float(redone)}
+
+
+def _cut(mb: Experience, budget: int | None) -> list[list[int]]:
+    return micro_batches(*lengths(mb), mb.group_size, budget)
+
+
+def _policy_parts(model, optimizer, mb, totals, s, share, scale, weight, health, parts) -> dict:
+    idle = share.most(len(parts)) - len(parts)  # zero-weighted micro-batches that join the collectives
+    return {**_policy_step(model, optimizer, mb, parts, totals, s, share, scale, weight, idle, health),
+            "learn/padding_fraction": padding_fraction(mb, parts), "learn/micro_batches": float(len(parts))}
+
+
+def _critic_parts(critic, optimizer, mb, totals, s, share, scale, weight, parts) -> dict:
+    idle = share.most(len(parts)) - len(parts)
+    return _critic_step(critic, optimizer, mb, parts, totals, s, share, scale, weight, idle)
 
 
 def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], totals: Totals, s: LearnerSettings,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from hindsight.errors import ConfigError
 
-SAVE_PROBES = ".hindsight/save-probes"  # beside models.load.MODEL_CACHE, relative to the working directory
 IMPORT_HINT = "a GGUF file is imported into a full-precision folder: `hindsight model import SRC OUT`"
 
 
@@ -81,7 +80,14 @@ def _probe_record(folder: Path) -> Path:
     for name in ("config.json", "generation_config.json"):
         file = folder / name
         h.update(name.encode() + (file.read_bytes() if file.is_file() else b"-"))
-    return Path(SAVE_PROBES) / h.hexdigest()
+    return save_probes() / h.hexdigest()
+
+
+def save_probes() -> Path:
+    """The user's cache, not the working directory: a refused command leaves nothing in a run's folder."""
+    import os
+
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hindsight" / "save-probes"
 
 
 def require_savable(model, where: str) -> None:

@@ -28,7 +28,7 @@ def resolve_model_source(name_or_path: str, cache_dir: str | Path = MODEL_CACHE,
             raise ConfigError(f"{field}: {name_or_path}: no such built-in model (tiny://{', tiny://'.join(TINY)})")
         target = Path(cache_dir) / name
         if not target.exists():
-            TINY[name](target)
+            _build_once(TINY[name], target)
         return str(target), name_or_path
     from hindsight.models.gguf import cached_import, is_gguf, package_file
 
@@ -39,3 +39,20 @@ def resolve_model_source(name_or_path: str, cache_dir: str | Path = MODEL_CACHE,
     if looks_local and not Path(path).expanduser().is_dir():
         raise ConfigError(f"{field}: model path {path} does not exist (expected a model folder)")
     return path, name_or_path
+
+
+def _build_once(build, target: Path) -> None:
+    """Build into a folder of this process's own, then rename it into place: processes that
+    resolve the same `tiny://` at once (a sweep's trials) never see or write a half-built folder."""
+    import os
+    import shutil
+
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process got there first: its folder is the same model
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not target.is_dir():
+            raise

@@ -12,9 +12,12 @@ that version (it missed one, or started later) refuses it and asks for the full 
 sender makes from `held`; a full copy also goes every `full_every` versions, and whenever a delta
 would not be smaller than it. Payloads carry a checksum like full ones (`payload.verified`).
 
-The changed elements of a tensor go as (positions, values): positions as uint16 offsets within
-blocks of 65,536 elements plus each block's count, so a changed bf16 element costs 4 bytes, not
-the 6 of an int32 index and its value.
+The changed elements of a tensor go as two bytes each: the gap to the previous changed position
+(uint8; 0 escapes to a side list of int32 gaps) and the change of the element's bit pattern
+(int8; most bf16 elements that change move by one or two units in the last place; -128 escapes to
+a side list of the new values). The receiver adds the changes to the bits it holds, which are the
+base version's bit for bit. A tensor that shares its storage with another (a tied embedding and
+`lm_head`) goes once: the other is named as its alias.
 """
 from __future__ import annotations
 
@@ -22,8 +25,8 @@ import torch
 
 from hindsight.transport.payload import WeightVersion, checksum
 
-BLOCK = 1 << 16
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+GAP_ESCAPE, DIFF_ESCAPE = 0, -128
 
 
 class NeedsFull(ValueError):
@@ -35,22 +38,47 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1).view(_BITS[t.element_size()])
 
 
-def encode_changes(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(offsets [K] uint16, counts [ceil(N/BLOCK)] int32, values [K]) of the elements whose bits
-    differ between `old` and `new` (same shape and dtype), or None when none do."""
-    where = (bits(old) != bits(new)).nonzero().view(-1)  # [K] flat positions, sorted
+def encode_changes(old: torch.Tensor, new: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The parts (`gaps`, `big_gaps`, `diffs`, `far`) that take `old`'s bits to `new`'s (same
+    shape and dtype), or None when no bit differs."""
+    ob, nb = bits(old).to(torch.int64), bits(new).to(torch.int64)                 # [N], [N]
+    where = (ob != nb).nonzero().view(-1)                                          # [K] sorted
     if where.numel() == 0:
         return None
-    blocks = (new.numel() + BLOCK - 1) // BLOCK
-    counts = torch.bincount(where // BLOCK, minlength=blocks).to(torch.int32)  # [blocks]
-    offsets = (where % BLOCK).to(torch.int32).to(torch.uint16)  # [K]
-    return offsets, counts, new.contiguous().view(-1)[where]
+    gaps = torch.diff(where, prepend=where.new_tensor([-1]))                       # [K] >= 1
+    big = gaps > 255
+    diffs = nb[where] - ob[where]                                                  # [K]
+    far = diffs.abs() > 127
+    return {"gaps": torch.where(big, GAP_ESCAPE, gaps).to(torch.uint8),          # [K]
+            "big_gaps": gaps[big].to(torch.int32),                                 # [K_big]
+            "diffs": torch.where(far, DIFF_ESCAPE, diffs).to(torch.int8),        # [K]
+            "far": new.contiguous().view(-1)[where[far]]}                          # [K_far] new values
 
 
-def decode_positions(offsets: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The flat positions [K] (int64) that `encode_changes` wrote as offsets [K] and counts [B]."""
-    block = torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int64), counts.to(torch.int64))  # [K]
-    return block * BLOCK + offsets.to(torch.int64)
+def decode_changes(held: torch.Tensor, parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [K] int64, new values [K]) from `encode_changes`' parts, against `held` (flat,
+    the base version's values, in the serving dtype)."""
+    gaps = parts["gaps"].to(torch.int64)                                           # [K]
+    gaps[gaps == GAP_ESCAPE] = parts["big_gaps"].to(torch.int64)
+    where = gaps.cumsum(0) - 1                                                     # [K]
+    diffs = parts["diffs"].to(torch.int64)                                         # [K]
+    new_bits = bits(held)[where].to(torch.int64) + diffs                          # [K]
+    values = new_bits.to(_BITS[held.element_size()]).view(held.dtype)              # [K]
+    values[diffs == DIFF_ESCAPE] = parts["far"]
+    return where, values
+
+
+def aliases(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """name -> the first name whose tensor is the same storage, offset, shape and strides (tied weights)."""
+    seen: dict[tuple, str] = {}
+    out = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in seen:
+            out[name] = seen[key]
+        else:
+            seen[key] = name
+    return out
 
 
 class Publication:
@@ -66,10 +94,11 @@ class Publication:
 
     def next(self, version: int, state: dict[str, torch.Tensor]) -> WeightVersion:
         """The payload that takes a receiver holding `self.version` to `version` (`state`)."""
+        tied = aliases(state)
         new = {k: v.detach().to("cpu", self.dtype or v.dtype, copy=True) for k, v in state.items()}
         payload = None
         if self.held is not None and self.since_full + 1 < self.full_every and new.keys() == self.held.keys():
-            payload = delta(version, self.version, self.held, new)
+            payload = delta(version, self.version, self.held, new, tied)
             if payload.nbytes >= sum(t.numel() * t.element_size() for t in new.values()):
                 payload = None  # e.g. fp32 serving: nearly every element moves; a full copy is smaller
         self.since_full = 0 if payload is None else self.since_full + 1
@@ -81,28 +110,39 @@ class Publication:
         return WeightVersion(self.version, self.held, checksum(self.held))
 
 
-def delta(version: int, base: int, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> WeightVersion:
+def delta(version: int, base: int, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
+          tied: dict[str, str] | None = None) -> WeightVersion:
     tensors: dict[str, torch.Tensor] = {}
     for name, t in new.items():
-        if old[name].shape != t.shape or old[name].dtype != t.dtype:  # a changed layout: this tensor whole
+        if tied and name in tied:  # the same storage as another tensor: it changes with it
+            tensors[f"{name}::alias"] = torch.tensor(list(tied[name].encode()), dtype=torch.uint8)
+        elif old[name].shape != t.shape or old[name].dtype != t.dtype:  # a changed layout: this tensor whole
             tensors[f"{name}::whole"] = t
-            continue
-        changes = encode_changes(old[name], t)
-        if changes is not None:
-            tensors[f"{name}::offsets"], tensors[f"{name}::counts"], tensors[f"{name}::values"] = changes
+        else:
+            for part, v in (encode_changes(old[name], t) or {}).items():
+                tensors[f"{name}::{part}"] = v
     return WeightVersion(version, tensors, checksum(tensors), base=base)
 
 
 def apply_delta(model, tensors: dict[str, torch.Tensor]) -> None:
     """Write a verified delta's changes into `model`'s own tensors (in place: the model's state
-    dict shares their storage)."""
+    dict shares their storage), aliases last."""
     state = model.state_dict()
+    ties = {}
     with torch.no_grad():
         for key, t in tensors.items():
             name, part = key.rsplit("::", 1)
             if part == "whole":
                 state[name].copy_(t)
-            elif part == "values":
+            elif part == "alias":
+                ties[name] = bytes(t.tolist()).decode()
+            elif part == "gaps":
                 flat = state[name].view(-1)
-                where = decode_positions(tensors[f"{name}::offsets"], tensors[f"{name}::counts"])
-                flat[where] = t.to(flat.dtype)
+                parts = {p: tensors[f"{name}::{p}"] for p in ("gaps", "big_gaps", "diffs", "far")}
+                if flat.dtype != parts["far"].dtype:
+                    raise ValueError(f"{name}: the receiver holds {flat.dtype}, the delta is of {parts['far'].dtype}")
+                where, values = decode_changes(flat, parts)
+                flat[where] = values
+        for name, target in ties.items():
+            if state[name].untyped_storage().data_ptr() != state[target].untyped_storage().data_ptr():
+                state[name].copy_(state[target])  # the receiver does not tie them: a copy keeps it equal

@@ -160,3 +160,32 @@ def test_micro_batch_losses_sum_to_the_whole_batch_loss_for_each_aggregation():
         whole = aggregate(loss, mask, mode, 5)
         parts = sum(aggregate(loss[r], mask[r], mode, 5, totals) for r in ([0, 3], [1], [2, 4, 5]))
         assert parts.item() == pytest.approx(whole.item(), rel=1e-6), mode
+
+
+def test_an_out_of_memory_micro_batch_is_redone_smaller_and_the_step_lands_where_it_would(batch, monkeypatch):
+    """The first forward of the whole mini-batch (policy and critic) raises the device's
+    OutOfMemoryError, as a GPU would: the mini-batch is redone in micro-batches of half its padded
+    tokens, from zeroed gradients, and the step equals the one that never failed."""
+    import hindsight.learning.update as upd
+
+    path, pad_id, exp = batch
+    unforced, unforced_critic, m0 = _train(path, pad_id, exp, "ppo", "token_mean", None)
+    real_policy, real_critic = upd._policy_step, upd._critic_step
+    failed = []
+
+    def fails_once(real, what):
+        def step(model, optimizer, mb, parts, *args, **kwargs):
+            if what not in failed:
+                failed.append(what)
+                sum(p.sum() for p in model.parameters()).backward()  # a half-done backward leaves gradients
+                raise torch.OutOfMemoryError(f"CUDA out of memory ({what}, forced)")
+            return real(model, optimizer, mb, parts, *args, **kwargs)
+        return step
+
+    monkeypatch.setattr(upd, "_policy_step", fails_once(real_policy, "policy"))
+    monkeypatch.setattr(upd, "_critic_step", fails_once(real_critic, "critic"))
+    forced, forced_critic, m = _train(path, pad_id, exp, "ppo", "token_mean", None)
+    assert failed == ["policy", "critic"] and m["learn/oom_retries"] == 2.0 and m["learn/micro_batches"] > 1
+    _assert_same(forced, unforced)
+    _assert_same(forced_critic, unforced_critic)
+    assert m["loss"] == pytest.approx(m0["loss"], rel=1e-5, abs=1e-7)

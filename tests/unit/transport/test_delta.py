@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hindsight.transport.base import receive_into
-from hindsight.transport.delta import BLOCK, Publication, decode_positions, encode_changes
+from hindsight.transport.delta import Publication, aliases, decode_changes, encode_changes
 from hindsight.transport.payload import from_bytes, to_bytes
 
 
@@ -31,18 +31,46 @@ def same_bits(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
 
 
-def test_positions_round_trip_across_blocks():
-    old = torch.zeros(3 * BLOCK + 5, dtype=torch.bfloat16)
+def test_changes_round_trip_with_long_gaps_and_far_moves():
+    old = torch.linspace(-3, 3, 70_000).to(torch.bfloat16)
     new = old.clone()
-    changed = torch.tensor([0, 7, BLOCK - 1, BLOCK, 2 * BLOCK + 3, 3 * BLOCK + 4])
-    new[changed] = 1.0
-    offsets, counts, values = encode_changes(old, new)
-    assert offsets.dtype == torch.uint16 and counts.tolist() == [3, 1, 1, 1]
-    assert torch.equal(decode_positions(offsets, counts), changed) and torch.equal(values, new[changed])
+    changed = torch.tensor([0, 7, 300, 301, 65_535, 69_999])  # gaps of 1, 7, 293 (escaped), 1, ...
+    new[changed] = old[changed] + torch.tensor([0.01, -0.01, 5.0, -0.0, 100.0, 1e-3]).to(torch.bfloat16)
+    new[301] = -old[301]  # a sign flip: a far move of its bits
+    parts = encode_changes(old, new)
+    assert parts["gaps"].dtype == torch.uint8 and parts["diffs"].dtype == torch.int8
+    assert parts["big_gaps"].numel() >= 1 and parts["far"].numel() >= 1  # both escapes exercised
+    where, values = decode_changes(old.clone(), parts)
+    moved = (new.view(torch.int16) != old.view(torch.int16)).nonzero().view(-1)
+    assert torch.equal(where, moved) and torch.equal(values.view(torch.int16), new[moved].view(torch.int16))
     assert encode_changes(old, old.clone()) is None
-    signed = old.clone()
-    signed[1] = -0.0  # equal as values, not as bits: the receiver must get it
-    assert decode_positions(*encode_changes(old, signed)[:2]).tolist() == [1]
+    signed = torch.zeros(4, dtype=torch.bfloat16)
+    flipped = signed.clone()
+    flipped[1] = -0.0  # equal as values, not as bits: the receiver must get it
+    assert decode_changes(signed, encode_changes(signed, flipped))[0].tolist() == [1]
+
+
+def test_a_tied_matrix_goes_once_and_both_names_stay_equal():
+    emb = torch.nn.Embedding(300, 64)
+    head = torch.nn.Linear(64, 300, bias=False)
+    head.weight = emb.weight  # tied, as tie_word_embeddings does
+    sender = torch.nn.ModuleDict({"emb": emb, "head": head})
+    assert aliases(sender.state_dict()) == {"head.weight": "emb.weight"}
+    receiver = copy.deepcopy(sender).to(torch.bfloat16)
+    untied = torch.nn.ModuleDict({"emb": torch.nn.Embedding(300, 64), "head": torch.nn.Linear(64, 300, bias=False)})
+    untied.load_state_dict(receiver.state_dict())
+    untied = untied.to(torch.bfloat16)
+    pub = Publication(torch.bfloat16)
+    pub.next(0, sender.state_dict())
+    with torch.no_grad():
+        emb.weight[:5] += 0.5
+    payload = pub.next(1, sender.state_dict())
+    assert "head.weight::alias" in payload.tensors and "head.weight::gaps" not in payload.tensors
+    for target in (receiver, untied):  # tied like the sender, or holding two copies
+        target, ack = receive_into(target, payload, 0)
+        assert ack.ok, ack.why
+        for name in ("emb.weight", "head.weight"):
+            assert torch.equal(target.state_dict()[name], pub.held[name])
 
 
 def test_twenty_versions_of_deltas_leave_the_receiver_bit_equal():
