@@ -18,10 +18,7 @@ name: sweep-test
 base: {ROOT / "configs/smoke.yaml"}
 metric: eval/accuracy
 max_concurrency: 2
-# RL trials from the base model: the shared SFT and reward-model stages a sweep trains first
-# are tests/deploy/test_deployment.py's sweep's.
-set: {{sft.enabled: false, reward_model.enabled: false, rl.init: "tiny://demo", rl.scoring.reward_model_weight: 0,
-      rl.steps: 2, rl.save_every: 2, rl.eval_every: 2, negative_ft.enabled: false}}
+set: {{rl.steps: 2, rl.save_every: 2, rl.eval_every: 2, negative_ft.enabled: false}}
 params:
   rl.scoring.rewards:
     - [{{fn: "rewards.exact:exact_answer", weight: 1.0}}]
