@@ -52,10 +52,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         with_entropy, entropy_grad)
 
 
-def keep_logits(model, n: int) -> dict:
-    """Only the last `n` positions' logits (transformers' `logits_to_keep`, as TRL asks for): the
+def keep_logits(model, keep: int | torch.Tensor) -> dict:
+    """Only the logits that are read (transformers' `logits_to_keep`, as TRL asks for): the last
+    `keep` positions, or a boolean (N, W) mask of positions (a packed forward: (M, V) logits). The
     prompt's are never read, and (B, L, V) is the largest tensor of the forward."""
-    return {"logits_to_keep": n} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
+    return {"logits_to_keep": keep} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
 
 
 @lru_cache(maxsize=None)
@@ -159,17 +160,12 @@ def packed_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
     packed = pack(input_ids.cpu(), attention_mask.cpu(), n_completion).to(dev)
     with compute_autocast(model):
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                    **keep_positions(model, packed.keep))
+                    **keep_logits(model, packed.keep))
     logits = kept_rows(out.logits, packed.keep, model)                                        # (M, V)
     logp, entropy = _from_logits(logits.unsqueeze(0), packed.targets.unsqueeze(0), temperature, with_entropy,
                                  entropy_grad)                                                # (1, M)
     shape = (input_ids.size(0), n_completion)
     return unpack(logp[0], packed, shape), None if entropy is None else unpack(entropy[0], packed, shape)
-
-
-def keep_positions(model, keep: torch.Tensor) -> dict:
-    """logits_to_keep as a boolean (N, W) mask: transformers then returns (M, V) logits."""
-    return {"logits_to_keep": keep} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
 
 
 def kept_rows(logits: torch.Tensor, keep: torch.Tensor, model) -> torch.Tensor:
