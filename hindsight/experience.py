@@ -25,7 +25,17 @@ class Experience:
     engine_logprobs: torch.Tensor | None = None  # (B, T) a non-hf engine's own log-probs, for the IS weight
     values: torch.Tensor | None = None        # (B, T) the critic's values before the update (algorithms with a critic)
     returns: torch.Tensor | None = None       # (B, T) the critic's targets
+    action_mask: torch.Tensor | None = None   # (B, T) multi-turn: 1 on tokens the policy sampled, 0 on tool turns
     meta: dict = field(default_factory=dict)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """(B, T) the tokens the policy chose: every loss, KL, advantage and value is over these.
+        A multi-turn trajectory's tool and environment turns are context (attended to, never
+        trained on); a single completion's mask is its completion mask."""
+        if self.action_mask is None:
+            return self.completion_mask
+        return self.completion_mask * self.action_mask
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -81,6 +91,8 @@ def experience_from_rows(rows: list[dict], pad_id: int, group_size: int, scores:
     completion_ids, mask = pad_right([r["completion_ids"] for r in rows], pad_id)
     logprobs, _ = pad_right([r["logprobs"] for r in rows], 0.0, dtype=torch.float32)
     exp = Experience(prompt_ids, prompt_mask, completion_ids, mask, logprobs, group_size)
+    if rows[0].get("action_mask") is not None:
+        exp.action_mask, _ = pad_right([r["action_mask"] for r in rows], 0)
     if rows[0].get("engine_logprobs") is not None:
         exp.engine_logprobs, _ = pad_right([r["engine_logprobs"] for r in rows], 0.0, dtype=torch.float32)
     if scores is not None:
@@ -92,7 +104,7 @@ def experience_from_rows(rows: list[dict], pad_id: int, group_size: int, scores:
 
 def advantage_rows(step: int, rows: list[dict], exp: Experience) -> list[dict]:
     """Per trained completion: its advantage (the token mean for token-level estimators)."""
-    adv, mask = exp.advantages, exp.completion_mask.to(torch.float32)            # (B,) or (B, T); (B, T)
+    adv, mask = exp.advantages, exp.loss_mask.to(torch.float32)                  # (B,) or (B, T); (B, T)
     if adv.dim() == 2:
         per_token = adv
         adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)                  # (B,)

@@ -11,6 +11,7 @@ from hindsight.config.base import Strict, raise_errors, with_blocks
 from hindsight.config.data import LoraConfig
 from hindsight.config.learner import LearnerConfig
 from hindsight.config.legacy import move_deprecated
+from hindsight.config.multiturn import MultiTurnConfig
 from hindsight.config.scoring import RewardFnConfig, ScoringConfig  # noqa: F401  (re-exported)
 from hindsight.learning.algorithms import ALGORITHMS, get_algorithm
 from hindsight.learning.strategies.catalogue import get_strategy
@@ -38,6 +39,8 @@ class RolloutConfig(Strict):
     publish_full_every: int = Field(100, ge=1, description="a new weights version reaches rollout workers in "
                                     "another process (Ray, the async sampler) as the elements that changed in their "
                                     "dtype (model.dtype), with a full copy every this many versions; 1: always full")
+    multi_turn: MultiTurnConfig | None = Field(None, description="trajectories of several turns with tools or an "
+                                               "environment (hf engine); absent: one completion a prompt")
     logprobs: Literal["forward", "decode"] = Field(
         "forward", description="hf: the behaviour log-probs from one forward after decoding (the same bits "
                                "whatever the worker's thread count), or read off the decoding logits (one "

@@ -74,12 +74,12 @@ def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
     """(B, T) KL of the behaviour policy from the reference, for the reward penalty."""
     if not s.reward_kl_coef or exp.ref_logprobs is None:
         return None
-    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator, exp.completion_mask)
+    return kl_estimate(exp.logprobs, exp.ref_logprobs, s.loss.kl_estimator, exp.loss_mask)
 
 
 def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor | None = None):
     """Returns (advantages (B,) or (B, T), returns (B, T) for a critic's targets else None)."""
-    x = AdvantageInputs(rewards=exp.rewards, mask=exp.completion_mask, group_size=exp.group_size,
+    x = AdvantageInputs(rewards=exp.rewards, mask=exp.loss_mask, group_size=exp.group_size,
                         kl=reward_kl(exp, s), kl_coef=s.reward_kl_coef, values=values)
     return s.estimator.advantages(x, s.algorithm_settings)
 
@@ -171,7 +171,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
         steps = []
         for rows in mini_batches(len(exp), exp.group_size, s.mini_batch_size):
             mine, weight = share.rows([groups[i] for i in rows])
-            totals = Totals.of(exp.completion_mask[rows])  # the whole mini-batch's, on every rank
+            totals = Totals.of(exp.loss_mask[rows])  # the whole mini-batch's, on every rank
             mb = exp.rows([rows[i] for i in mine])
             steps.append(_mini_batch_step(model, optimizer, critic, critic_optimizer, mb, totals, s, share, weight,
                                           health))
@@ -223,7 +223,7 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     dev, sums, is_max, n_packed = model_device(model), {}, 0.0, 0
     for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
-        mask = part.completion_mask                                               # (b, t)
+        mask = part.loss_mask                                                     # (b, t) what the policy sampled
         packed = packs(model, part.attention_mask, mask.size(1), part.group_size, s.packing, part.input_ids)
         n_packed += packed
         logp, entropy = micro_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
@@ -266,11 +266,11 @@ def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], tota
         part = trimmed(mb, rows).to(dev)
         values = token_values(critic, part.input_ids, part.attention_mask, part.completion_mask.size(1),
                               s.packing)  # (b, t)
-        loss, clipped = value_loss(values, part.values, part.returns, part.completion_mask,
+        loss, clipped = value_loss(values, part.values, part.returns, part.loss_mask,
                                    s.algorithm_settings.value_clip, totals)
         (loss * w_loss).backward()
         _add(sums, {"critic/loss": float(loss.detach()) * w_stats,
-                    "clipped_tokens": clipped * float(part.completion_mask.sum()) * w_stats})
+                    "clipped_tokens": clipped * float(part.loss_mask.sum()) * w_stats})
     share.sync(critic.parameters())
     grad_norm = _clip(critic, s.max_grad_norm)
     sums = share.total(sums)

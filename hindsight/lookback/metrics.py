@@ -5,6 +5,7 @@ read them by name.
 """
 from __future__ import annotations
 
+import json
 import math
 import resource
 import sys
@@ -58,6 +59,8 @@ def rollout_metrics(rows: list[dict], scores: list[dict], group_size: int, max_n
     rm = [s["rm_score"] for s in scores if s.get("rm_score") is not None]
     if rm:
         out["reward/rm_score"] = _mean(rm)
+    if "turns" in rows[0]:
+        out.update(trajectory_metrics(rows))
     return out
 
 
@@ -69,3 +72,19 @@ def peak_memory() -> dict[str, float]:
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         out["memory/gpu_peak_mb"] = torch.cuda.max_memory_allocated() / (1024 * 1024)
     return out
+
+
+def trajectory_metrics(rows: list[dict]) -> dict[str, float]:
+    """A step's multi-turn statistics, from its stored rows (so a resumed step logs what an
+    uninterrupted one does): turns, tool calls, errors and time, the limits' cuts, and how many
+    trajectories re-applying the template would have tokenised differently."""
+    n = max(len(rows), 1)
+    turns = [json.loads(r["turns"]) for r in rows]
+    calls = [c for ts in turns for turn in ts for c in turn.get("calls", [])]
+    return {"multiturn/turns": sum(sum(x["role"] == "assistant" for x in ts) for ts in turns) / n,
+            "multiturn/tool_calls": len(calls) / n,
+            "multiturn/tool_error_rate": sum(c["error"] for c in calls) / max(len(calls), 1),
+            "multiturn/tool_seconds": sum(c["seconds"] for c in calls),
+            "multiturn/cut_by_turns": sum(r["cut"] == "turns" for r in rows) / n,
+            "multiturn/cut_by_tokens": sum(r["cut"] == "tokens" for r in rows) / n,
+            "multiturn/retokenize_mismatches": float(sum(r["retokenize_mismatch"] for r in rows))}

@@ -68,7 +68,40 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build_chatml_tokenizer():
+# Qwen2.5's tool-calling template without its default system prompt: the same text as CHATML for
+# a conversation without tools, the tools' schemas in the system turn, calls as <tool_call> JSON
+# and results as <tool_response> blocks in a user turn.
+TOOLS_CHATML = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'user' or message.role == 'system' or (message.role == 'assistant' "
+    "and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\\\"name\\\": \\\"' + tool_call.name + '\\\", \\\"arguments\\\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def build_chatml_tokenizer(tools: bool = False):
     """A byte-level BPE on the demo's words in transformers' own `Qwen2Tokenizer` (its pre-tokenizer
     splits digits, as Qwen's does), with `<|endoftext|>` as eos and pad, `<|im_start|>` and
     `<|im_end|>`, and Qwen's ChatML template: it reloads as the same class with the same ids."""
@@ -90,12 +123,14 @@ def build_chatml_tokenizer():
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     tok = Qwen2Tokenizer(vocab=model["vocab"], merges=merges)
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = CHATML
+    if tools:  # as in Qwen2.5: added tokens, not special ones (decoding keeps them)
+        tok.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
+    tok.chat_template = TOOLS_CHATML if tools else CHATML
     return tok
 
 
 def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, tools: bool = False) -> Path:
     """Write a randomly initialised `Qwen2ForCausalLM`, its ChatML tokenizer and a Qwen-style
     generation config (both end tokens, a repetition penalty) in Hugging Face format."""
     import torch  # here, not at import: resolving tiny://NAME to a built folder needs no torch
@@ -103,7 +138,7 @@ def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, hea
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
-    tok = build_chatml_tokenizer()
+    tok = build_chatml_tokenizer(tools)
     end, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 4, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
@@ -119,7 +154,12 @@ def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, hea
     return out_dir
 
 
-TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2}  # tiny://NAME
+def build_tiny_qwen2_tools(out_dir: str | Path) -> Path:
+    """`tiny://qwen2-tools`: tiny Qwen2 with Qwen2.5's tool-calling chat template."""
+    return build_tiny_qwen2(out_dir, hidden=64, layers=2, tools=True)
+
+
+TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2, "qwen2-tools": build_tiny_qwen2_tools}  # tiny://NAME
 
 
 def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int = 150, seed: int = 0) -> Path:

@@ -64,17 +64,39 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     (`decoding.end_token_ids`). The behaviour log-probs' forward runs `budget` padded tokens at a
     time (rl.learner.micro_batch_tokens)."""
     dev = model_device(model)
-    stops = torch.tensor(end_token_ids(tok, model), device=dev)                    # (E,)
     seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
     was_training = model.training
     model.eval()
+    completion_ids, cmask, decoded = decode(model, ids, mask, gens, group_size, max_new_tokens, temperature, top_p,
+                                            end_token_ids(tok, model), tok.pad_token_id, logprobs == "decode")
+    prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+    if logprobs == "decode":
+        logp = decoded                                                              # (B, T')
+    else:
+        scale = temperature if temperature > 0 else 1.0
+        sampled = Experience(prompt_ids, prompt_mask, completion_ids, cmask, torch.zeros(cmask.shape), group_size)
+        logp = budgeted_logprobs(model, sampled, scale, budget)                     # (B, T')
+    model.train(was_training)
+    return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)
+
+
+@torch.no_grad()
+def decode(model, ids: torch.Tensor, mask: torch.Tensor, gens: list[torch.Generator], group_size: int,
+           max_new_tokens: int, temperature: float, top_p: float, stop_ids, pad_id: int, with_logprobs: bool = False):
+    """Decode `group_size` rows from each left-padded context of `ids` (P, L), context i's rows
+    drawing from gens[i] (so a row's tokens never depend on its batch-mates), until every row
+    has ended at one of `stop_ids` or `max_new_tokens`. Returns (completion ids (B, T') padded
+    with `pad_id` after a row's end, completion mask (B, T'), the decoding log-probs (B, T') or
+    None), B = P x group_size. A multi-turn rollout calls it once a turn with its histories."""
+    dev = model_device(model)
+    stops = torch.tensor(list(stop_ids), device=dev)                               # (E,)
     out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=position_ids(mask).to(dev),
                 use_cache=True)
     cache = output_cache(out)
     cache.batch_repeat_interleave(group_size)                                       # (P*G, ...) per layer
     logits = out.logits[:, -1].repeat_interleave(group_size, 0)                     # (B, V), B = P*G
-    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
     attn = mask.repeat_interleave(group_size, 0).to(dev)                            # (B, L)
     pos = (attn.sum(-1, keepdim=True) - 1)                                          # (B, 1) last prompt position
     done = torch.zeros(len(attn), dtype=torch.bool, device=dev)                     # (B,)
@@ -83,9 +105,9 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     for t in range(max_new_tokens):
         noise = gumbel_noise(gens, group_size, logits.size(-1)) if temperature > 0 else None  # (B, V)
         nxt = pick_tokens(logits, noise, temperature, top_p)                        # (B,)
-        nxt = nxt.masked_fill(done, tok.pad_token_id)
+        nxt = nxt.masked_fill(done, pad_id)
         tokens.append(nxt)
-        if logprobs == "decode":
+        if with_logprobs:
             decoded.append(torch.log_softmax(logits.float() / scale, -1).gather(-1, nxt[:, None]).squeeze(-1))  # (B,)
         done |= torch.isin(nxt, stops)
         if bool(done.all()) or t == max_new_tokens - 1:
@@ -96,12 +118,5 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
         logits = out.logits[:, -1]                                                  # (B, V)
     completion_ids = torch.stack(tokens, dim=1).cpu()                               # (B, T')
     cmask = completion_mask(completion_ids, stops.tolist())                         # (B, T')
-    completion_ids = completion_ids.masked_fill(cmask == 0, tok.pad_token_id)
-    prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
-    if logprobs == "decode":
-        logp = torch.stack(decoded, dim=1)                                          # (B, T')
-    else:
-        sampled = Experience(prompt_ids, prompt_mask, completion_ids, cmask, torch.zeros(cmask.shape), group_size)
-        logp = budgeted_logprobs(model, sampled, scale, budget)                     # (B, T')
-    model.train(was_training)
-    return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)
+    completion_ids = completion_ids.masked_fill(cmask == 0, pad_id)
+    return completion_ids, cmask, torch.stack(decoded, dim=1) if with_logprobs else None

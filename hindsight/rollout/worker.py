@@ -93,6 +93,7 @@ class RolloutWorker:
         self.version = 0
         self.engine_cls = get_engine(rl.rollout.backend)
         self.engine, self.engine_stale = None, True  # created at the first rollout
+        self.episodes = None  # multi-turn: what makes each trajectory's episode, built at the first rollout
         self.compute_s = 0.0  # seconds in the engine (the rest is I/O): the bench's split
 
     def start_at(self, version: int) -> None:
@@ -118,7 +119,9 @@ class RolloutWorker:
             t0 = time.perf_counter()
             exp = self._generate_batch(batch)
             self.compute_s += time.perf_counter() - t0
-            rows = {t.group: self._group_rows(t, exp.rows(list(range(i * size, (i + 1) * size))))
+            trajs = exp.meta.get("trajectories")
+            rows = {t.group: self._group_rows(t, exp.rows(list(range(i * size, (i + 1) * size))),
+                                              trajs[i * size:(i + 1) * size] if trajs else None)
                     for i, t in enumerate(batch) if t.write}
             write_groups(self.store, "rollouts", batch[0].step, rows)
             done += list(rows)
@@ -134,6 +137,8 @@ class RolloutWorker:
 
     def _generate_batch(self, batch: list[GroupTask]) -> Experience:
         seeds = [group_seed(self.seed, t.step, t.group) for t in batch]
+        if self.rl.rollout.multi_turn is not None:
+            return self._trajectories(batch, seeds)
         exp = self._engine().sample([t.prompt["prompt"] for t in batch], seeds, self.rl.samples_per_prompt)
         return self._learner_logprobs(exp) if self.engine_cls.recompute_logprobs else exp
 
@@ -151,7 +156,24 @@ class RolloutWorker:
             self.engine_stale = False
         return self.engine
 
-    def _group_rows(self, task: GroupTask, exp: Experience) -> list[dict]:
+    def _trajectories(self, batch: list[GroupTask], seeds: list[int]) -> Experience:
+        """Multi-turn: each group's trajectories with their tools or environment
+        (`rollout.multiturn`); the batch carries them in `meta` for the stored rows."""
+        from hindsight.rollout.multiturn.loop import run_trajectories, to_experience
+        from hindsight.rollout.multiturn.setup import episode_factory, turn_settings
+
+        self._engine()  # the policy's current weights, as for single turns
+        if self.episodes is None:
+            self.episodes = episode_factory(self.rl.rollout.multi_turn)
+        rows, size = [t.prompt for t in batch], self.rl.samples_per_prompt
+        trajs, _ = run_trajectories(self.policy, self.tok, rows, seeds, size, turn_settings(self.rl.rollout),
+                                    self.episodes)
+        exp = to_experience(self.policy, trajs, size, self.tok.pad_token_id, self.rl.rollout.temperature,
+                            self.rl.learner.micro_batch_tokens)
+        exp.meta["trajectories"] = trajs
+        return exp
+
+    def _group_rows(self, task: GroupTask, exp: Experience, trajs: list | None = None) -> list[dict]:
         src, size = task.prompt, self.rl.samples_per_prompt
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         columns = json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")})
@@ -177,6 +199,10 @@ class RolloutWorker:
                 "ended_with_eos": bool(n and completions[j][n - 1] in stops),
                 "columns": columns,
             })
+        for row, t in zip(rows, trajs or []):  # multi-turn: what each turn was, and what trains
+            row.update({"completion": t.final_text, "ended_with_eos": t.ended_with_eos, "action_mask": t.action,
+                        "turns": json.dumps(t.turns), "cut": t.cut, "retokenize_mismatch": t.retemplate_differs,
+                        "columns": json.dumps({**json.loads(columns), "env_reward": t.env_reward})})
         return rows
 
     def _learner_logprobs(self, exp: Experience) -> Experience:

@@ -93,17 +93,22 @@ def gae(token_r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     """Generalised advantage estimation over completion tokens.
 
     token_r, values, mask: (B, T). The value after the last real token is 0 (the episode
-    ends). Returns (advantages (B, T), returns (B, T)), zero on padding.
+    ends). Positions outside the mask inside a row (a multi-turn trajectory's tool turns) are
+    stepped over: a model token's next value is that of the next model token, so the return
+    flows across a tool's reply instead of ending the episode at it. Returns (advantages (B, T),
+    returns (B, T)), zero outside the mask.
     """
     m = mask.to(values.dtype)                                                 # (B, T)
     v = values * m                                                            # (B, T)
     adv = torch.zeros_like(v)                                                 # (B, T)
     running = torch.zeros_like(v[:, 0])                                       # (B,)
+    next_v = torch.zeros_like(running)                                        # (B,) value of the next masked-in token
     for t in reversed(range(v.size(1))):
-        next_v = v[:, t + 1] if t + 1 < v.size(1) else torch.zeros_like(running)
+        on = m[:, t] > 0                                                      # (B,)
         delta = token_r[:, t] + gamma * next_v - v[:, t]
-        running = (delta + gamma * lam * running) * m[:, t]
-        adv[:, t] = running
+        running = torch.where(on, delta + gamma * lam * running, running)
+        next_v = torch.where(on, v[:, t], next_v)
+        adv[:, t] = running * m[:, t]
     return adv, (adv + v) * m
 
 

@@ -1,0 +1,87 @@
+"""What a trajectory talks to between its model turns, one `Episode` per trajectory:
+- `ToolEpisode`: TRL's contracts. Plain `tools=[fn]` functions, and/or one instance of an
+  `environment_factory` class per trajectory: `reset(**row)` (None, or text appended to the user
+  turn), its public methods as tools, and an optional `get_reward()` read when the trajectory
+  ends. A turn without a tool call ends the trajectory.
+- `GymEpisode`: a gym-style text environment: `reset(**row)` gives the first observation (or
+  `(observation, info)`), `step(text)` answers each model turn with gymnasium's `(observation,
+  reward, terminated, truncated, info)`; the observation is the next user turn and the rewards
+  add up to the trajectory's environment reward.
+"""
+from __future__ import annotations
+
+import inspect
+
+from hindsight.errors import ConfigError
+from hindsight.rollout.multiturn.tools import Toolbox, environment_tools
+
+
+class Episode:
+    toolbox: Toolbox = Toolbox([])
+
+    def start(self, row: dict) -> str | None:
+        return None
+
+    def respond(self, text: str, calls) -> tuple[list[dict], list, bool]:
+        """(messages for the next turn, tool results, done) after a model turn."""
+        raise NotImplementedError
+
+    def reward(self) -> float | None:
+        return None
+
+
+def _row_kwargs(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("id", "_replayed")}
+
+
+class ToolEpisode(Episode):
+    def __init__(self, tools: list, env=None, where: str = "", timeout_s: float = 10.0):
+        self.env = env
+        every = tools + (environment_tools(env, where, timeout_s) if env is not None else [])
+        self.toolbox = Toolbox(every)
+        if len(self.toolbox.tools) < len(every):
+            names = [t.name for t in every]
+            raise ConfigError(f"{where}: two tools share the name {next(n for n in names if names.count(n) > 1)!r}")
+
+    def start(self, row: dict) -> str | None:
+        return self.env.reset(**_row_kwargs(row)) if self.env is not None else None
+
+    def respond(self, text: str, calls):
+        if not calls:
+            return [], [], True
+        results = [self.toolbox.call(c) for c in calls]
+        return [{"role": "tool", "name": r.name or "tool", "content": r.content} for r in results], results, False
+
+    def reward(self) -> float | None:
+        get = getattr(self.env, "get_reward", None)
+        return float(get()) if callable(get) else None
+
+
+class GymEpisode(Episode):
+    def __init__(self, env):
+        self.env, self.total = env, 0.0
+
+    def start(self, row: dict) -> str | None:
+        first = self.env.reset(**_row_kwargs(row))
+        return first[0] if isinstance(first, tuple) else first
+
+    def respond(self, text: str, calls):
+        observation, reward, terminated, truncated, _ = self.env.step(text)
+        self.total += float(reward)
+        done = bool(terminated or truncated)
+        return ([] if done else [{"role": "user", "content": str(observation)}]), [], done
+
+    def reward(self) -> float | None:
+        return self.total
+
+
+def check_environment(factory, where: str, gym: bool = False) -> None:
+    """Refuse, before any model loads, an environment class that cannot be one: no `reset`
+    (TRL's rule), or for a gym-style one no `step`."""
+    cls = factory if inspect.isclass(factory) else None
+    probe = cls or type(factory())
+    for method in ("reset",) + (("step",) if gym else ()):
+        if not callable(getattr(probe, method, None)):
+            raise ConfigError(f"{where}: {getattr(probe, '__name__', probe)} has no `{method}` method: "
+                              + ("a gym-style environment needs reset(**row) and step(text)" if gym else
+                                 "an environment_factory class needs reset(**row), as TRL's does"))

@@ -1,0 +1,58 @@
+"""Tools that run in the code reward's bubblewrap sandbox (`rewards.sandbox`), one fresh sandbox
+a call: a user's tool function (its module's source and the call go in, the result's text comes
+out, so nothing it does touches the rollout worker), and the built-in `python` interpreter tool.
+
+A sandboxed tool's module must be self-contained: the sandbox holds the interpreter's standard
+library and nothing of the project (no imports of the user's other modules)."""
+from __future__ import annotations
+
+import inspect
+import json
+import secrets
+from dataclasses import replace
+
+from rewards.sandbox import Limits, run_python
+
+OUTPUT_CHARS = 2000  # what the python tool hands back of a program's output
+
+
+class ToolSandbox:
+    def __init__(self, limits: Limits | None = None, mode: str = "bwrap"):
+        self.limits, self.mode = limits or Limits(), mode
+
+    def call(self, fn, args: dict, timeout_s: float) -> str:
+        """fn(**args) in a sandbox of its own; its result's text. Raises on its failure."""
+        mark = f"__hindsight_result_{secrets.token_hex(6)}__"
+        module = inspect.getmodule(fn)
+        code = (f"{inspect.getsource(module)}\n"
+                f"import json as _json\n"
+                f"_out = {fn.__name__}(**_json.loads({json.dumps(json.dumps(args))}))\n"
+                f"print({mark!r} + _json.dumps(str(_out)))\n")
+        res = run_python(code, replace(self.limits, timeout_s=timeout_s), self.mode)
+        if res.timed_out:
+            raise TimeoutError(f"no answer within {timeout_s:g} s (the sandbox was killed)")
+        for line in reversed(res.stdout.splitlines()):
+            if line.startswith(mark):
+                return json.loads(line[len(mark):])
+        why = res.stderr.strip().splitlines()[-1:] or [f"exit {res.returncode}"]
+        raise RuntimeError(why[0][-500:])
+
+    def python_tool(self, timeout_s: float):
+        """The built-in code interpreter, as a TRL-style tool function."""
+        box = self
+
+        def python(code: str) -> str:
+            """Run a Python program in a sandbox and return what it printed.
+
+            Args:
+                code: The Python source to run.
+            """
+            res = run_python(code, replace(box.limits, timeout_s=timeout_s), box.mode)
+            if res.timed_out:
+                raise TimeoutError(f"the program ran past {timeout_s:g} s and was killed")
+            out = res.stdout + (f"\n[stderr]\n{res.stderr[-OUTPUT_CHARS:]}" if res.stderr.strip() else "")
+            if res.returncode not in (0, None) and not res.stderr.strip():
+                out += f"\n[exit {res.returncode}]"
+            return out[:OUTPUT_CHARS]
+
+        return python

@@ -1,0 +1,62 @@
+"""From `rl.rollout.multi_turn` to what a rollout worker runs: the episode of each trajectory
+(tools loaded and checked, the sandbox they run in) and the turn settings."""
+from __future__ import annotations
+
+import importlib
+
+from hindsight.errors import ConfigError
+from hindsight.rollout.multiturn.episodes import GymEpisode, ToolEpisode, check_environment
+from hindsight.rollout.multiturn.loop import TurnSettings
+from hindsight.rollout.multiturn.tools import Tool
+
+WHERE = "rl.rollout.multi_turn"
+
+
+def load_target(spec: str, where: str):
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(f"{where}: {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    target = getattr(module, attr, None)
+    if not callable(target):
+        raise ConfigError(f"{where}: {spec!r}: module {module_name!r} has no function or class {attr!r}")
+    return target
+
+
+def tools_of(mt) -> list[Tool]:
+    from rewards.sandbox import Limits  # the sandbox's own limits type, shared with the code reward
+
+    from hindsight.rollout.multiturn.sandboxed import ToolSandbox
+
+    box = ToolSandbox(Limits(timeout_s=mt.tool_timeout_s, memory_scope=mt.memory_scope), mt.sandbox)
+    tools = []
+    for spec in mt.tools:
+        if spec == "python":  # the program is what runs sandboxed; the call that starts it is ours
+            tools.append(Tool(box.python_tool(mt.tool_timeout_s), f"{WHERE}.tools", "in_process",
+                              mt.tool_timeout_s + 30.0))
+        else:
+            tools.append(Tool(load_target(spec, f"{WHERE}.tools"), f"{WHERE}.tools", mt.isolation, mt.tool_timeout_s,
+                              box))
+    return tools
+
+
+def episode_factory(mt):
+    """A function that makes one trajectory's episode; checks everything before any model loads."""
+    if mt.gym:
+        cls = load_target(mt.gym, f"{WHERE}.gym")
+        check_environment(cls, f"{WHERE}.gym", gym=True)
+        return lambda: GymEpisode(cls())
+    tools = tools_of(mt)
+    factory = load_target(mt.environment, f"{WHERE}.environment") if mt.environment else None
+    if factory is not None:
+        check_environment(factory, f"{WHERE}.environment")
+    ToolEpisode(tools, factory() if factory else None, f"{WHERE}.environment", mt.tool_timeout_s)  # a probe
+    return lambda: ToolEpisode(tools, factory() if factory else None, f"{WHERE}.environment", mt.tool_timeout_s)
+
+
+def turn_settings(rollout) -> TurnSettings:
+    mt = rollout.multi_turn
+    return TurnSettings(max_turns=mt.max_turns, max_tokens=mt.max_tokens, max_new_tokens=rollout.max_new_tokens,
+                        temperature=rollout.temperature, top_p=rollout.top_p, parser=mt.parser,
+                        concurrency=mt.concurrency)
