@@ -71,7 +71,7 @@ class _Acc:
 
 
 def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max_len, grad_accum=1,
-              steps_per_generation=1, items=None):
+              steps_per_generation=1, items=None, tool_mask=None):
     """Run TRL's GRPOTrainer._compute_loss on given tensors: only the model call is replaced."""
     fake = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
@@ -85,7 +85,9 @@ def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max
     inputs = {"prompt_ids": torch.zeros(logp.size(0), 2, dtype=torch.long), "prompt_mask": torch.ones(logp.size(0), 2),
               "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
               "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
-              "num_items_in_batch": mask.sum() if items is None else items}
+              "num_items_in_batch": (mask if tool_mask is None else mask * tool_mask).sum() if items is None else items}
+    if tool_mask is not None:
+        inputs["tool_mask"] = tool_mask
     return GRPOTrainer._compute_loss(fake, None, inputs)
 
 
@@ -157,3 +159,41 @@ def test_mini_batches_match_trl_steps_per_generation_and_gradient_accumulation(o
         assert abs(ours_total - trl_total) < 1e-9
         assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-9)
         assert lp_ours.grad[rows].abs().sum() > 0 and lp_ours.grad[[i for i in range(B) if i not in rows]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("ours,theirs", [("seq_mean_token_mean", "grpo"), ("token_mean", "dapo"),
+                                         ("seq_mean_token_sum_norm", "dr_grpo")])
+def test_multi_turn_loss_and_gradients_match_trl_with_its_tool_mask(ours, theirs):
+    """A multi-turn batch: TRL's GRPOTrainer trains on completion_mask * tool_mask (tool results
+    0); ours on completion_mask * action_mask. The loss and gradients agree, and the gradient at
+    every tool token is exactly zero."""
+    from hindsight.experience import Experience
+
+    g = torch.Generator().manual_seed(5)
+    B, T = 6, 9
+    base = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    old = base + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    ref = base + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    attend = torch.ones(B, T, dtype=torch.float64)
+    attend[:, 7:] = torch.tensor([[1, 1], [0, 0], [1, 0], [1, 1], [0, 0], [1, 0]], dtype=torch.float64)
+    tool = torch.ones(B, T, dtype=torch.float64)
+    tool[:, 2:5] = 0  # a tool's reply between two model turns
+    tool[3, 2:7] = 0
+    adv = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64), group_size=3)
+    exp = Experience(torch.zeros(B, 2, dtype=torch.long), torch.ones(B, 2), torch.zeros(B, T, dtype=torch.long),
+                     attend, old, 3, action_mask=tool)
+
+    lp_ours = base.clone().requires_grad_(True)
+    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.04, kl_estimator="k3", loss_agg=ours, max_len=T)
+    loss_ours, _ = policy_loss(lp_ours, old, ref, adv, exp.loss_mask, s)
+    loss_ours.backward()
+
+    lp_trl = base.clone().requires_grad_(True)
+    fake_inputs_mask = attend
+    loss_trl = _trl_loss(theirs, lp_trl, old, ref, adv, fake_inputs_mask, 0.04, 0.2, 0.28, T, tool_mask=tool)
+    loss_trl.backward()
+
+    assert abs(loss_ours.item() - loss_trl.item()) < 1e-6
+    assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6)
+    assert lp_ours.grad[(attend * (1 - tool)).bool()].abs().max() == 0
+    assert lp_ours.grad[exp.loss_mask.bool()].abs().sum() > 0
