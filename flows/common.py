@@ -56,14 +56,15 @@ def ensure_data(cfg: PipelineConfig) -> str:
     """
     d = cfg.data
     data_dir = Path(d.dir)
-    if d.build_demo and demo_files_read(d) and not all((data_dir / f).exists() for f in DEMO_FILES):
-        others = sorted(p.name for p in data_dir.iterdir() if p.name not in DEMO_FILES) if data_dir.is_dir() else []
+    files, build = demo_builder(d)
+    if d.build_demo and demo_files_read(d) and not all((data_dir / f).exists() for f in files):
+        others = sorted(p.name for p in data_dir.iterdir() if p.name not in files) if data_dir.is_dir() else []
         if others:
             raise DataError(f"{data_dir}: the demo data is built only into a folder of its own, and this one holds "
                             f"other files ({', '.join(others[:5])}); point data.dir (and data.prompts, eval, sft, "
                             f"prefs) at your files with data.build_demo: false, or at an empty folder for the demo")
         log.info("building demo data in %s", data_dir)
-        build_demo_data(data_dir, seed=0)
+        build(data_dir, seed=0)
     if d.dvc_file and Path(d.dvc_file).exists() and data_dir.is_dir():
         actual, pinned = dvc_dir_md5(data_dir), pinned_md5(d.dvc_file)
         if actual != pinned:
@@ -73,10 +74,19 @@ def ensure_data(cfg: PipelineConfig) -> str:
     return dvc_dir_md5(data_dir) if data_dir.is_dir() else "external"
 
 
+def demo_builder(d):
+    """(the files, the builder) of the demo data.demo names."""
+    if d.demo == "tool_sums":
+        from hindsight.data.toolsums import FILES, build_tool_data
+
+        return FILES, build_tool_data
+    return DEMO_FILES, build_demo_data
+
+
 def demo_files_read(d) -> bool:
     """Whether the config reads any demo file in data.dir: a config naming only its own files
     never gets the demo built beside them."""
-    demo = {(Path(d.dir) / f).resolve() for f in DEMO_FILES}
+    demo = {(Path(d.dir) / f).resolve() for f in demo_builder(d)[0]}
     return any(Path(getattr(d, name)).resolve() in demo for name in ("prompts", "eval", "sft", "prefs"))
 
 

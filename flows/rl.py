@@ -141,6 +141,10 @@ def _checks(cfg: PipelineConfig) -> None:
     if mismatch:
         log.warning(mismatch)
     get_engine(cfg.rl.rollout.backend).require()  # the engine's own preflight (vLLM: installed, a GPU)
+    if cfg.rl.rollout.multi_turn is not None:  # tools import, have schemas, environments have reset()
+        from hindsight.rollout.multiturn.setup import episode_factory
+
+        episode_factory(cfg.rl.rollout.multi_turn)
     w = cfg.rl.workers
     if w.placement == "ray":
         from hindsight.coordination.placement import start_ray
@@ -152,7 +156,8 @@ RL = StageSpec(
     name="rl", sections=("rl", "model", "data", "eval", "seed", "name", "run_dir"),
     models=lambda cfg: {"rl.init": cfg.rl.init or model_uri(cfg, "sft"),
                         "reward_model": model_uri(cfg, "rm") if cfg.rl.needs_reward_model() else None},
-    data=("prompts", "eval"), rewards=lambda cfg: list(cfg.rl.scoring.rewards) + [cfg.eval.reward],
+    data=("prompts", "eval"),
+    rewards=lambda cfg: list(cfg.rl.scoring.rewards) + [cfg.eval.reward], code=lambda cfg: cfg.rl.rollout.code_specs(),
     checks=_checks, registers="policy", story=rl_story)
 
 

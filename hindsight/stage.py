@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
+from hindsight.errors import ConfigError
 from hindsight.fsutil import file_sha256
 from hindsight.scoring.rewards import check_reward, reward_source_hash
 
@@ -54,6 +55,7 @@ class StageSpec:
     rewards: Callable[[PipelineConfig], list[str]] = lambda cfg: []  # 'module:function' it calls
     state: Callable[[PipelineConfig], Any] | None = None  # run-directory state it reads (stored shards)
     checks: Callable[[PipelineConfig], None] | None = None  # more preflight (e.g. that vLLM can run)
+    code: Callable[[PipelineConfig], list[str]] = lambda cfg: []  # user code other than rewards (tools): hashed
     registers: str                         # kind: the stage registers NAME-<kind>
     story: Callable[[StageContext], StageOutput]
 
@@ -120,6 +122,14 @@ def check_prompts(spec: StageSpec, cfg: PipelineConfig, paths: dict) -> None:
         what = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else f"model's context ({context}, less {new} to generate)"
         rows = load_rows(**cfg.data.reading(name, limit=cfg.eval.limit if name == "eval" else None))
         check_prompt_lengths(rows, tok, cap, getattr(cfg.data, name), what)
+    mt = cfg.rl.rollout.multi_turn if spec.name == "rl" else None
+    if mt is not None and not mt.gym:  # tools are offered through the template: it must render them
+        from hindsight.rollout.multiturn.render import template_problem
+
+        problem = template_problem(tok)
+        if problem:
+            raise ConfigError(f"rl.rollout.multi_turn.tools: {policy}: {problem}; use a model whose chat template "
+                              f"supports tools (Qwen2.5-style), or a gym environment")
 
 
 def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str) -> dict:
@@ -129,7 +139,8 @@ def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, dat
             "models": model_versions, "data_md5": data_md5,
             "data_files": {n: _external_file_hash(cfg, getattr(cfg.data, n)) for n in spec.data},
             "rewards": {r: reward_source_hash(r) for r in (getattr(x, "fn", x) for x in spec.rewards(cfg))},
-            "state": spec.state(cfg) if spec.state else None}
+            "state": spec.state(cfg) if spec.state else None,
+            **({"code": {c: reward_source_hash(c) for c in code}} if (code := spec.code(cfg)) else {})}
 
 
 def cache_key(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str, store: str,

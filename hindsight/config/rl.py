@@ -54,6 +54,10 @@ class RolloutConfig(Strict):
         model, blocks, errors = with_blocks(cls, data, handler, ENGINES, lambda engine: engine.Settings)
         raise_errors(cls, errors)
         engine = ENGINES[model.backend]
+        if model.multi_turn is not None and not engine.multi_turn:
+            raise_errors(cls, [InitErrorDetails(type="value_error", loc=("multi_turn",), input=data.get("multi_turn"),
+                                                ctx={"error": f"multi-turn rollouts run on an engine that samples "
+                                                              f"turn by turn (hf), not {model.backend}"})])
         if engine.Settings is not None:
             blocks.setdefault(model.backend, engine.Settings())  # shown in MLflow params
         model.__pydantic_extra__.update(blocks)
@@ -64,6 +68,14 @@ class RolloutConfig(Strict):
     def _registered(cls, name: str) -> str:
         get_engine(name)  # ValueError naming the registered ones
         return name
+
+    def code_specs(self) -> list[str]:
+        """The multi-turn tools and environments a run's results depend on ('module:attr'), for
+        its cache key: their source is hashed like a reward's."""
+        mt = self.multi_turn
+        if mt is None:
+            return []
+        return [t for t in mt.tools if ":" in t] + [x for x in (mt.environment, mt.gym) if x]
 
     def engine_settings(self, name: str | None = None):
         """The block of an engine (default the chosen one), or None for an engine without settings."""

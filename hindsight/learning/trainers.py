@@ -33,7 +33,9 @@ def train_sft(model_path: str, data: dict, out_dir: str | Path, *, lr: float, ep
     from hindsight.models.load import load_causal_lm, load_tokenizer
 
     rows = load_rows(**data)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]).shuffle(seed=seed)
+    # a `tools` column (tool-use traces, TRL's form) is rendered by the template with the schemas it holds
+    keep = ("prompt", "completion", "tools") if all("tools" in r for r in rows) else ("prompt", "completion")
+    dataset = Dataset.from_list([{k: r[k] for k in keep} for r in rows]).shuffle(seed=seed)
     tok = load_tokenizer(model_path)
     args = SFTConfig(
         output_dir=str(out_dir) + ".trainer", learning_rate=lr, num_train_epochs=epochs,

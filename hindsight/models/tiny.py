@@ -101,6 +101,24 @@ TOOLS_CHATML = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
+def _tool_boilerplate() -> str:
+    """What a tool conversation repeats: the template's tools header, a schema, a call, a result."""
+    from jinja2 import Template
+
+    schema = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "description": "The first number."},
+                                         "b": {"type": "integer", "description": "The second number."}},
+        "required": ["a", "b"]}, "return": {"type": "integer"}}}
+    import json
+
+    messages = [{"role": "user", "content": "What is 1 + 2?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add",
+                                                                                  "arguments": {"a": 1, "b": 2}}}]},
+                {"role": "tool", "content": "3"}]
+    text = Template(TOOLS_CHATML).render(messages=messages, tools=[schema], add_generation_prompt=True)
+    return text.replace("<|im_start|>", " ").replace("<|im_end|>", " ") + json.dumps(schema)
+
+
 def build_chatml_tokenizer(tools: bool = False):
     """A byte-level BPE on the demo's words in transformers' own `Qwen2Tokenizer` (its pre-tokenizer
     splits digits, as Qwen's does), with `<|endoftext|>` as eos and pad, `<|im_start|>` and
@@ -116,7 +134,9 @@ def build_chatml_tokenizer(tools: bool = False):
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     words = NAMES + ITEMS + VERBS + ["has", "and", "more", "How", "many", "now", "A", "Q", "user", "assistant"]
     corpus = [" ".join(words)] * 4 + [f"{w} {w}." for w in words] + ["0 1 2 3 4 5 6 7 8 9 ####"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[], show_progress=False,
+    if tools:  # the template's tool boilerplate and call JSON in the corpus: a few tokens each, not bytes
+        corpus += [_tool_boilerplate()] * 8
+    trainer = trainers.BpeTrainer(vocab_size=1000 if tools else 400, special_tokens=[], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     core.train_from_iterator(corpus, trainer=trainer)
     model = json.loads(core.to_str())["model"]

@@ -36,12 +36,33 @@ def greedy_answers(model, tok, prompts: list[str], max_new_tokens: int,
     return texts, ids
 
 
+def greedy_trajectories(model, tok, rows: list[dict], max_new_tokens: int, multi_turn,
+                        batch_size: int = 64) -> tuple[list[str], list[list[int]], dict]:
+    """Multi-turn: each row's greedy trajectory with the run's tools or environment. (the last
+    model turn's texts, every model token of each, the `env_reward` column)."""
+    from hindsight.rollout.multiturn.loop import TurnSettings, run_trajectories
+    from hindsight.rollout.multiturn.setup import episode_factory
+
+    s = TurnSettings(max_turns=multi_turn.max_turns, max_tokens=multi_turn.max_tokens, max_new_tokens=max_new_tokens,
+                     temperature=0.0, parser=multi_turn.parser, concurrency=multi_turn.concurrency)
+    episodes, trajs = episode_factory(multi_turn), []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        trajs += run_trajectories(model, tok, chunk, [0] * len(chunk), 1, s, episodes)[0]
+    ids = [[x for x, a in zip(t.ids, t.action) if a] for t in trajs]
+    return [t.final_text for t in trajs], ids, {"env_reward": [t.env_reward for t in trajs]}
+
+
 def judge(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int, worker=None,
-          timeout_s: float = 60.0, fallback: float = 0.0) -> list[tuple[str, bool]]:
-    """Greedy answer and its correctness for each row: the cells of a version comparison."""
+          timeout_s: float = 60.0, fallback: float = 0.0, multi_turn=None) -> list[tuple[str, bool]]:
+    """Greedy answer and its correctness for each row: the cells of a version comparison. With
+    `multi_turn` (rl.rollout.multi_turn), the answer is a greedy trajectory's last turn."""
     prompts = [r["prompt"] for r in rows]
-    answers, ids = greedy_answers(model, tok, prompts, max_new_tokens)
-    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+    if multi_turn is None:
+        (answers, ids), more = greedy_answers(model, tok, prompts, max_new_tokens), {}
+    else:
+        answers, ids, more = greedy_trajectories(model, tok, rows, max_new_tokens, multi_turn)
+    columns = {**{k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}, **more}
     result = score_completions([(reward_spec, 1.0)], answers, columns, fallback, worker, timeout_s,
                                prompts=prompts, completion_ids=ids)
     if answers and result.failures and max(result.failures.values()) >= len(answers):
@@ -52,8 +73,8 @@ def judge(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int, w
 
 
 def accuracy(model, tok, rows: list[dict], reward_spec: str, max_new_tokens: int, worker=None,
-             timeout_s: float = 60.0, fallback: float = 0.0) -> tuple[float, list[str]]:
-    judged = judge(model, tok, rows, reward_spec, max_new_tokens, worker, timeout_s, fallback)
+             timeout_s: float = 60.0, fallback: float = 0.0, multi_turn=None) -> tuple[float, list[str]]:
+    judged = judge(model, tok, rows, reward_spec, max_new_tokens, worker, timeout_s, fallback, multi_turn)
     return sum(1.0 for _, ok in judged if ok) / len(rows), [a for a, _ in judged]
 
 
@@ -67,7 +88,7 @@ def evaluate_model(cfg, model, tok, worker=None) -> float:
     rl.scoring.isolation is `process`."""
     with judge_worker(cfg, worker) as w:
         acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens, w,
-                          cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback)
+                          cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback, cfg.rl.rollout.multi_turn)
     return acc
 
 

@@ -683,3 +683,65 @@ def _(ws, tmp):
     cfg = base_config(ws, tmp / "run")
     cfg["data"]["prompts"] = "rg://chain_sum?size=8&seed=1&holdout=0.2"
     return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
+_TOOLS = '''
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def no_hints(a, b):
+    """Add two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def no_docstring(a: int, b: int) -> int:
+    return a + b
+
+
+class NoReset:
+    def increment(self, step: int) -> int:
+        """Count up.
+
+        Args:
+            step: How much.
+        """
+        return step
+'''
+
+
+def _multi_turn(ws, tmp, **multi_turn) -> Case:
+    (tmp / "mytools.py").write_text(_TOOLS)
+    cfg = base_config(ws, tmp / "run", rollout={"max_new_tokens": 3, "multi_turn": multi_turn})
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
+@case("tool-no-type-hints")
+def _(ws, tmp):
+    return _multi_turn(ws, tmp, tools=["mytools:no_hints"], isolation="in_process")
+
+
+@case("tool-no-docstring")
+def _(ws, tmp):
+    return _multi_turn(ws, tmp, tools=["mytools:no_docstring"], isolation="in_process")
+
+
+@case("environment-no-reset")
+def _(ws, tmp):
+    return _multi_turn(ws, tmp, environment="mytools:NoReset")
+
+
+@case("template-without-tools")
+def _(ws, tmp):
+    return _multi_turn(ws, tmp, tools=["mytools:add"])

@@ -48,6 +48,7 @@ class Engine:
     batches_groups: ClassVar[bool] = False     # samples rollout.groups_per_batch groups in one call
     recompute_logprobs: ClassVar[bool] = True  # its log-probs are not the training model's forward
     not_sampling: ClassVar[tuple[str, ...]] = ()  # keys of its block that change no sampled token
+    multi_turn: ClassVar[bool] = False         # can continue a trajectory turn by turn (rl.rollout.multi_turn)
 
     @classmethod
     def problem(cls) -> str | None:

@@ -11,6 +11,7 @@ class HF(Engine):
     name = "hf"
     batches_groups = True
     recompute_logprobs = False
+    multi_turn = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
