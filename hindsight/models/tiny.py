@@ -219,3 +219,28 @@ def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int =
     tok.save_pretrained(tmp)
     os.replace(tmp, out_dir) if not out_dir.exists() else None
     return out_dir
+
+
+def teach_short_turns(model, tok, steps: int = 40, seed: int = 0):
+    """Teach a tiny chat model, in a few seconds, to answer a user turn with one digit and end its
+    turn: a random model almost never samples `<|im_end|>`, and a multi-turn rollout needs turns
+    that end (tests and benches of the multi-turn loop). Returns the model."""
+    import torch
+
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for step in range(steps):
+        seqs = []
+        for i in range(8):
+            prompt = tok.apply_chat_template([{"role": "user", "content": f"Round {step * 8 + i}"}],
+                                             add_generation_prompt=True, return_dict=False)
+            seqs.append((prompt, tok(str(i % 10), add_special_tokens=False)["input_ids"] + [end]))
+        width = max(len(p) + len(a) for p, a in seqs)
+        ids = torch.tensor([p + a + [tok.pad_token_id] * (width - len(p) - len(a)) for p, a in seqs])        # (8, L)
+        labels = torch.tensor([[-100] * len(p) + a + [-100] * (width - len(p) - len(a)) for p, a in seqs])  # (8, L)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model

@@ -9,6 +9,7 @@ import torch
 
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.models.source import resolve_model_path
+from hindsight.models.tiny import teach_short_turns
 from hindsight.rollout import hf
 from hindsight.rollout.multiturn import loop
 from hindsight.rollout.multiturn.episodes import GymEpisode, ToolEpisode
@@ -23,24 +24,7 @@ def tiny(tmp_path_factory):
     """The tiny tool model, taught in a few steps to answer a turn with a digit and end it: a
     random model almost never samples <|im_end|>, and a turn that does not end has no next."""
     path = resolve_model_path("tiny://qwen2-tools", tmp_path_factory.mktemp("models"))
-    model, tok = load_causal_lm(path, "float32"), load_tokenizer(path)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    for step in range(40):
-        seqs = []
-        for i in range(8):
-            prompt = tok.apply_chat_template([{"role": "user", "content": f"Round {step * 8 + i}"}],
-                                             add_generation_prompt=True, return_dict=False)
-            seqs.append((prompt, tok(str(i % 10), add_special_tokens=False)["input_ids"] + [end]))
-        width = max(len(p) + len(a) for p, a in seqs)
-        ids = torch.tensor([p + a + [tok.pad_token_id] * (width - len(p) - len(a)) for p, a in seqs])
-        labels = torch.tensor([[-100] * len(p) + a + [-100] * (width - len(p) - len(a)) for p, a in seqs])
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model, tok
+    return teach_short_turns(load_causal_lm(path, "float32"), load_tokenizer(path)), load_tokenizer(path)
 
 
 def _recording(monkeypatch):
