@@ -8,6 +8,7 @@ reference log-prob and the per-token KL in data attributes and the hover title.
 from __future__ import annotations
 
 import html
+import json
 import math
 import numbers
 import time
@@ -21,11 +22,14 @@ th{background:#f6f8fa;text-align:left}.prompt{white-space:pre-wrap;font-family:u
 .tok{border-radius:2px;padding:0 1px;margin:0 0.5px}.tok:hover{outline:1px solid #0969da}
 .legend span{display:inline-block;width:60px;text-align:center;font-size:12px}
 .good{color:#1a7f37;font-weight:600}.bad{color:#cf222e}.num{text-align:right;font-variant-numeric:tabular-nums}
+.turn{margin:2px 0;padding:2px 4px}.env-turn{background:#f6f8fa;border-left:3px solid #8c959f;color:#57606a}
 """
 
 SUMMARY_KEYS = ("reward/mean", "reward/std", "reward/zero_std_fraction", "kl", "entropy", "response_length/mean",
                 "response_length/truncated_fraction", "clip_fraction", "approx_kl", "grad_norm",
-                "rollout/completion_rate", "rollout/tokens_per_s", "eval/accuracy")
+                "rollout/completion_rate", "rollout/tokens_per_s", "eval/accuracy", "multiturn/turns",
+                "multiturn/tool_calls", "multiturn/tool_error_rate", "multiturn/cut_by_turns",
+                "multiturn/retokenize_mismatches")
 
 
 def _num(v) -> float:
@@ -95,13 +99,36 @@ def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, flo
                         f'{_fmt(s[k])}</td>' for k in fns)
         cells += f'<td class="num reward-rm">{_fmt(s.get("rm_score"))}</td>' if has_rm else ""
         adv = advantages.get(r["index"])
-        spans = token_spans(r["completion_ids"], r["logprobs"], s.get("ref_logprobs"), decode, kl_estimator)
+        spans = (_turns(r, s.get("ref_logprobs"), decode, kl_estimator) if r.get("turns")
+                 else token_spans(r["completion_ids"], r["logprobs"], s.get("ref_logprobs"), decode, kl_estimator))
         eos = "" if r["ended_with_eos"] else ' <span class="bad" title="no EOS">(truncated)</span>'
         body.append(f'<tr class="completion-row" data-index="{_attr(r["index"])}"><td class="completion">{spans}{eos}'
                     f'</td><td class="num reward" data-reward="{_num(s["reward"]):.6g}">{_fmt(s["reward"])}</td>{cells}'
                     f'<td class="num advantage">{_fmt(adv)}</td></tr>')
     return (f"<table><tr><th>completion (hover a token)</th><th>reward</th>{head}<th>advantage</th></tr>"
             + "".join(body) + "</table>")
+
+
+def _turns(r: dict, ref, decode, kl_estimator: str) -> str:
+    """A multi-turn trajectory, a turn at a time: the model's turns as shaded tokens (what was
+    sampled and trained), each tool or environment turn as what was called and what came back,
+    unshaded (context the policy read, never trained on)."""
+    out = []
+    for turn in json.loads(r["turns"]):
+        a, b = int(turn["start"]), int(turn["end"])
+        if turn["role"] == "assistant":
+            spans = token_spans(r["completion_ids"][a:b], r["logprobs"][a:b], ref[a:b] if ref is not None else None,
+                                decode, kl_estimator)
+            out.append(f'<div class="turn model-turn" data-span="{a}:{b}">{spans}</div>')
+            continue
+        calls = "".join(f'<div class="call{" bad" if c.get("error") else ""}" data-tool="{_attr(c.get("tool"))}">'
+                        f'{html.escape(str(c.get("tool")))}({html.escape(json.dumps(c.get("arguments"))[:500])}) '
+                        f'&rarr; {html.escape(str(c.get("result"))[:1000])} <small>{_num(c.get("seconds")):.3f} s</small>'
+                        f'</div>' for c in turn.get("calls", []))
+        body = calls or html.escape(str(turn.get("text", ""))[:1000])
+        out.append(f'<div class="turn env-turn" data-role="{_attr(turn["role"])}" data-span="{a}:{b}">{body}</div>')
+    cut = f' <span class="bad">(cut by the {html.escape(r["cut"])} limit)</span>' if r.get("cut") else ""
+    return "".join(out) + cut
 
 
 def render_step_report(run_name: str, step: int, rows: list[dict], scores: list[dict], advantages: dict[int, float],

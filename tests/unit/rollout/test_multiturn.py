@@ -166,3 +166,20 @@ def test_tools_in_the_first_prompt_and_tool_turns_as_template_tokens(tiny):
             "\n<|im_start|>user\n<tool_response>\n579\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
         assert t.cut == "turns"
     json.dumps(t.turns)  # stored as JSON
+
+
+def test_the_report_shades_model_turns_only():
+    from hindsight.lookback.report import render_step_report
+
+    turns = [{"role": "assistant", "start": 0, "end": 2, "text": "ab"},
+             {"role": "tool", "start": 2, "end": 4, "text": "5", "tool": "add",
+              "calls": [{"tool": "add", "arguments": {"a": 2, "b": 3}, "result": "5", "error": False, "seconds": 0.01}]},
+             {"role": "assistant", "start": 4, "end": 5, "text": "c"}]
+    row = {"index": 0, "group": 0, "prompt_id": "p", "prompt": "q", "completion_ids": [1, 2, 3, 4, 5],
+           "logprobs": [-0.1, -0.2, 0.0, 0.0, -0.3], "ended_with_eos": True, "turns": json.dumps(turns), "cut": ""}
+    page = render_step_report("r", 1, [row], [{"reward": 1.0, "ref_logprobs": None}], {0: 0.5}, {},
+                              decode=lambda t: f"<{t}>")
+    env = page.split('class="turn env-turn"')[1].split("</div></div>")[0]
+    assert 'class="tok"' not in env and "add({&quot;a&quot;: 2, &quot;b&quot;: 3}) &rarr; 5" in env
+    model = page.split('class="turn model-turn"')
+    assert len(model) == 3 and model[1].count('class="tok"') == 2 and model[2].count('class="tok"') == 1
