@@ -1,10 +1,38 @@
 """Reward functions the RL tests name in their configs ("helpers:varied"); tests/ is on the
 import path of the test process and, through it, of the Ray actors the tests start."""
+from pathlib import Path
 
 
 def varied(completions, **_):
     """Not constant within a group, so every estimator sees a signal."""
     return [float(len(c) % 3) for c in completions]
+
+
+class Guess:
+    """A gym-style game for multi-turn tests: guess the answer's last digit, told higher or lower."""
+
+    def reset(self, **row):
+        self.secret = int(row["answer"]) % 10
+        return "Guess my digit."
+
+    def step(self, text):
+        digits = [c for c in text if c.isdigit()]
+        if digits and int(digits[0]) == self.secret:
+            return "correct", 1.0, True, False, {}
+        return ("higher" if not digits or int(digits[0]) < self.secret else "lower"), 0.0, False, False, {}
+
+
+def short_turn_model(folder):
+    """tiny://qwen2-tools taught to end its turns (`teach_short_turns`), saved in `folder`."""
+    from hindsight.models.load import load_causal_lm, load_tokenizer
+    from hindsight.models.source import resolve_model_path
+    from hindsight.models.tiny import teach_short_turns
+
+    path = resolve_model_path("tiny://qwen2-tools", Path(folder).parent / "models")
+    tok = load_tokenizer(path)
+    teach_short_turns(load_causal_lm(path, "float32"), tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
 
 
 def rl_cfg(tmp_path, **rl):

@@ -10,25 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import run_rl_killable
-from hindsight.models.load import load_causal_lm, load_tokenizer
-from hindsight.models.source import resolve_model_path
-from hindsight.models.tiny import teach_short_turns
+from helpers import run_rl_killable, short_turn_model
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
-ENV = '''
-class Guess:
-    def reset(self, **row):
-        self.secret = int(row["answer"]) % 10
-        return "Guess my digit."
-
-    def step(self, text):
-        digits = [c for c in text if c.isdigit()]
-        if digits and int(digits[0]) == self.secret:
-            return "correct", 1.0, True, False, {}
-        return ("higher" if not digits or int(digits[0]) < self.secret else "lower"), 0.0, False, False, {}
-'''
 CONFIG = """
 name: turns
 seed: 0
@@ -45,7 +30,7 @@ rl:
   rollout:
     max_new_tokens: 6
     groups_per_batch: 1
-    multi_turn: {{gym: "guess:Guess", max_turns: 3, max_tokens: 40}}
+    multi_turn: {{gym: "helpers:Guess", max_turns: 3, max_tokens: 40}}
   scoring:
     rewards: [{{fn: "rewards.environment:environment_reward"}}]
   eval_every: 100
@@ -58,14 +43,9 @@ retries: {{count: 0}}
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     work = tmp_path_factory.mktemp("turns")
-    path = resolve_model_path("tiny://qwen2-tools", work / "models")
-    tok = load_tokenizer(path)
-    model = teach_short_turns(load_causal_lm(path, "float32"), tok)  # turns that end, so the game goes on
-    model.save_pretrained(work / "init")
-    tok.save_pretrained(work / "init")
-    (work / "guess.py").write_text(ENV)
+    short_turn_model(work / "init")  # turns that end, so the game goes on
     (work / "rl.yaml").write_text(CONFIG.format(init=work / "init", steps=STEPS))
-    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("HINDSIGHT_FAULT", None)
     reference = run_rl_killable(work, env, "rl.yaml", "reference")

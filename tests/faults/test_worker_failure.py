@@ -22,12 +22,15 @@ def init(tiny_init):
     ray.shutdown()
 
 
-def _run(work, init, run_dir, **workers):
+def _run(work, init, run_dir, multi_turn=None, **workers):
+    rollout = {"max_new_tokens": 5, "groups_per_batch": 1}  # per-group leases
+    if multi_turn:
+        rollout["multi_turn"] = multi_turn
     cfg = PipelineConfig.model_validate({
         "name": "workers", "seed": 1, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "lr": 1e-2, "save_every": 1, "rollout": {"max_new_tokens": 5, "groups_per_batch": 1},  # per-group leases
+               "lr": 1e-2, "save_every": 1, "rollout": rollout,
                "rewards": [{"fn": "helpers:varied"}],
                "workers": workers}})
     run = RLRun(cfg, init, None)
@@ -61,6 +64,27 @@ def test_a_rollout_worker_killed_mid_step_is_replaced_and_nothing_is_lost(init, 
         assert [e.trained for e in entries.values()] == [1] * 4  # every group trained exactly once
         assert run.store.read("rollouts", step) == reference.store.read("rollouts", step)
     assert run.ledger.read(1)[2].leases == 2  # group 2 was issued twice
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), k
+    reference.close(), run.close()
+
+
+def test_a_rollout_worker_killed_mid_trajectories_loses_no_turn(init, tmp_path, monkeypatch):
+    """Multi-turn: the same kill as above, with a gym-style game answering each model turn."""
+    from helpers import short_turn_model
+
+    work, model = init[0], short_turn_model(tmp_path / "turns-init")
+    game = {"gym": "helpers:Guess", "max_turns": 3, "max_tokens": 40}
+    reference, _ = _run(work, model, tmp_path / "reference", game)
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"kill_once:rollout-group0:1:{tmp_path / 'killed'}")
+    run, metrics = _run(work, model, tmp_path / "killed-run", game, placement="ray", rollout=2)
+    assert (tmp_path / "killed").exists(), "the fault never fired: the test would prove nothing"
+    assert metrics[1][0]["workers/rollout_deaths"] == 1
+    for step in range(STEPS):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4
+        rows = run.store.read("rollouts", step)
+        assert rows == reference.store.read("rollouts", step)
+    assert any(len(json.loads(r["turns"])) > 1 for r in rows)
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-5), k
     reference.close(), run.close()
