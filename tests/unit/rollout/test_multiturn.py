@@ -75,7 +75,23 @@ def test_over_a_thousand_trajectories_the_trained_ids_are_the_sampled_ids(tiny, 
     assert multi > 500, "most trajectories should have several turns"
     differs = sum(t.retemplate_differs for t in trajs)
     print(f"re-applying the template would have changed {differs} of {len(trajs)} trajectories")
-    assert differs > 0  # a random model's turns re-tokenise differently: what we must never train on
+
+
+def test_a_turn_sampled_in_non_canonical_tokens_is_counted_as_a_re_template_mismatch(tiny):
+    """The model may sample "assistant" as ass + istant; decoding and re-applying the template
+    gives its one token: the trajectory would change, so it is counted (and trained as sampled)."""
+    from hindsight.rollout.multiturn.render import first_prompt, retokenized
+
+    model, tok = tiny
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    canonical = tok("assistant", add_special_tokens=False)["input_ids"]
+    split = tok("ass", add_special_tokens=False)["input_ids"] + tok("istant", add_special_tokens=False)["input_ids"]
+    assert len(canonical) == 1 and canonical != split and tok.decode(split) == "assistant"
+    prompt = first_prompt(tok, "Say it", [], None)
+    for ids, differs in ((canonical + [end], False), (split + [end], True)):
+        turns = [{"role": "assistant", "start": 0, "end": len(ids), "text": "assistant"}]
+        again = retokenized(tok, "Say it", [], None, turns)
+        assert (again[: len(prompt) + len(ids)] != prompt + ids) is differs
 
 
 def test_a_trajectory_does_not_depend_on_its_batch_mates(tiny):
