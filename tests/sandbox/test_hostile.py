@@ -159,3 +159,49 @@ def test_every_forging_family_scores_zero_through_the_rl_scoring_path():
         worker.close()
     assert dict(zip(names, result.total)) == {n: PROGRAMS[n][2] for n in names}
     assert result.failures == {"code_tests": 0}
+
+
+# the families that attack the host rather than the verdict, handed to the multi-turn python tool
+TOOL_FAMILIES = ["read-project-source", "edit-a-reward-module", "write-outside-tmp", "disk-fill", "fork-bomb",
+                 "memory-bomb", "kill-a-host-process", "kill-everything", "kill-parent", "tcp-to-host-loopback",
+                 "unix-socket-on-host", "read-host-secrets-from-env", "read-etc-shadow", "detached-child",
+                 "output-flood", "setuid-root"]
+
+
+@pytest.mark.parametrize("name", TOOL_FAMILIES)
+def test_a_hostile_program_given_to_the_python_tool_is_contained(name, host, monkeypatch):
+    """Multi-turn: the model calls the built-in `python` tool with a hostile program. The call
+    comes back as a turn (an answer or an error, never an exception), and the host is untouched."""
+    from rewards.sandbox import Limits as ToolLimits
+
+    from hindsight.rollout.multiturn.sandboxed import ToolSandbox
+    from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
+
+    program = PROGRAMS[name][0]
+    mark = f"hindsight-escape-{uuid.uuid4().hex[:8]}"
+    program = (program.replace("{ROOT}", str(ROOT)).replace("{SENTINEL_PID}", str(host["sentinel"].pid))
+               .replace("{UNIX_SOCKET}", host["UNIX_SOCKET"]).replace("{TCP_PORT}", str(host["TCP_PORT"]))
+               .replace("{MARK}", mark))
+    monkeypatch.setenv("HINDSIGHT_TEST_SECRET", "hunter2")
+    before = _tree_hash()
+    box = ToolSandbox(ToolLimits(timeout_s=5, cpu_s=3, memory_mb=256, processes=16, output_bytes=1 << 16))
+    tools = Toolbox([Tool(box.python_tool(5.0), "test", "in_process", 60.0)])
+
+    turn = tools.call(ToolCall("python", {"code": program}))
+
+    assert isinstance(turn.content, str) and "hunter2" not in turn.content
+    assert host["sentinel"].poll() is None, "a host process was killed"
+    assert _tree_hash() == before, "the project's source changed"
+    assert not any(mark.encode() in r for r in host["received"]), "a host socket received data"
+    assert not list(Path("/tmp").glob(f"{mark}*")) and not Path(f"/usr/{mark}").exists()
+    assert _sandbox_processes() == [], "a process of the sandbox outlived its run"
+
+
+def test_a_hanging_python_tool_call_is_an_error_turn_after_its_timeout():
+    from hindsight.rollout.multiturn.sandboxed import ToolSandbox
+    from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
+
+    tools = Toolbox([Tool(ToolSandbox().python_tool(2.0), "test", "in_process", 60.0)])
+    turn = tools.call(ToolCall("python", {"code": "import time\ntime.sleep(120)\n"}))
+    assert turn.error and "ran past 2 s" in turn.content and turn.seconds < 30
+    assert _sandbox_processes() == []

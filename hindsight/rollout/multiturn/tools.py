@@ -83,9 +83,11 @@ class Tool:
 def _in_thread(fn, args: dict, timeout_s: float) -> str:
     pool = cf.ThreadPoolExecutor(max_workers=1)
     try:
-        return str(pool.submit(fn, **args).result(timeout=timeout_s))
-    except cf.TimeoutError:
-        raise TimeoutError(f"no answer within {timeout_s:g} s") from None
+        future = pool.submit(fn, **args)
+        # waited on, not `result(timeout=)`: a TimeoutError the tool raises itself is its own answer
+        if not cf.wait([future], timeout=timeout_s).done:
+            raise TimeoutError(f"no answer within {timeout_s:g} s")
+        return str(future.result())
     finally:
         pool.shutdown(wait=False)  # a hung call's thread is left behind: in-process calls cannot be killed
 
