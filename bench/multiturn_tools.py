@@ -47,8 +47,8 @@ def lookup(key: int) -> int:
 class AlwaysCalls(ToolEpisode):
     """Every model turn is answered by one lookup call, whatever the model wrote."""
 
-    def respond(self, text, calls):
-        return super().respond(text, [ToolCall("lookup", {"key": len(text)})])
+    def respond(self, text, calls, last=False):
+        return super().respond(text, [ToolCall("lookup", {"key": len(text)})], last)
 
 
 def run(model, tok, n: int, s: TurnSettings) -> tuple[float, int]:

@@ -22,16 +22,23 @@ class Episode:
     def start(self, row: dict) -> str | None:
         return None
 
-    def respond(self, text: str, calls) -> tuple[list[dict], list, bool]:
-        """(messages for the next turn, tool results, done) after a model turn."""
+    def respond(self, text: str, calls, last: bool = False) -> tuple[list[dict], list, bool]:
+        """(messages for the next turn, tool results, done) after a model turn; `last`: no turn
+        can follow (max_turns), so nothing is run that no turn would read."""
         raise NotImplementedError
 
     def reward(self) -> float | None:
         return None
 
 
-def _row_kwargs(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in ("id", "_replayed")}
+def _reset(env, row: dict):
+    """env.reset(**row) as TRL calls it (every column, the prompt included), less what a `reset`
+    that names its parameters does not take: TRL's own IncrementEnv declares `reset(self)`."""
+    kwargs = {k: v for k, v in row.items() if k not in ("id", "_replayed")}
+    params = inspect.signature(env.reset).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        kwargs = {k: v for k, v in kwargs.items() if k in {p.name for p in params}}
+    return env.reset(**kwargs)
 
 
 class ToolEpisode(Episode):
@@ -44,11 +51,13 @@ class ToolEpisode(Episode):
             raise ConfigError(f"{where}: two tools share the name {next(n for n in names if names.count(n) > 1)!r}")
 
     def start(self, row: dict) -> str | None:
-        return self.env.reset(**_row_kwargs(row)) if self.env is not None else None
+        return _reset(self.env, row) if self.env is not None else None
 
-    def respond(self, text: str, calls):
+    def respond(self, text: str, calls, last: bool = False):
         if not calls:
             return [], [], True
+        if last:  # the calls are cut by the turn limit: running them would change state no turn reads
+            return [], [], False
         results = [self.toolbox.call(c) for c in calls]
         return [{"role": "tool", "name": r.name or "tool", "content": r.content} for r in results], results, False
 
@@ -62,10 +71,10 @@ class GymEpisode(Episode):
         self.env, self.total = env, 0.0
 
     def start(self, row: dict) -> str | None:
-        first = self.env.reset(**_row_kwargs(row))
+        first = _reset(self.env, row)
         return first[0] if isinstance(first, tuple) else first
 
-    def respond(self, text: str, calls):
+    def respond(self, text: str, calls, last: bool = False):  # a last move still scores: the game steps
         observation, reward, terminated, truncated, _ = self.env.step(text)
         self.total += float(reward)
         done = bool(terminated or truncated)

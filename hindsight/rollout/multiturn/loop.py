@@ -88,9 +88,10 @@ def run_trajectories(model, tok, rows: list[dict], seeds: list[int], group_size:
             gens = [turn_generator(trajs[i], turn, model_device(model)) for i in live]
             _model_turn(model, tok, [trajs[i] for i in live], gens, s, stops)
             talking = [i for i in live if not trajs[i].done]
-            answers = pool.map(lambda i: episodes[i].respond(trajs[i].final_text, _calls(s, trajs[i])), talking)
+            last = turn == s.max_turns - 1
+            answers = pool.map(lambda i: episodes[i].respond(trajs[i].final_text, _calls(s, trajs[i]), last), talking)
             for i, answer in zip(talking, answers):
-                _answer_turn(tok, trajs[i], *answer, last=turn == s.max_turns - 1, s=s, stops=stops)
+                _answer_turn(tok, trajs[i], *answer, last=last, s=s, stops=stops)
     model.train(was_training)
     for i, (t, ep) in enumerate(zip(trajs, episodes)):
         t.env_reward = ep.reward()

@@ -168,8 +168,8 @@ def test_tools_in_the_first_prompt_and_tool_turns_as_template_tokens(tiny):
     s = TurnSettings(max_turns=2, max_tokens=400, max_new_tokens=6)
 
     class Scripted(ToolEpisode):  # the tiny model does not call tools: answer every turn with one
-        def respond(self, text, calls):
-            return super().respond(text, [ToolCall("add", {"a": 123, "b": 456})])
+        def respond(self, text, calls, last=False):
+            return super().respond(text, [ToolCall("add", {"a": 123, "b": 456})], last)
 
     trajs, _ = run_trajectories(model, tok, [{"prompt": "What is 123 + 456?"}], [5], 2, s,
                                 lambda: Scripted([Tool(games.add, "t")]))
@@ -199,3 +199,23 @@ def test_the_report_shades_model_turns_only():
     assert 'class="tok"' not in env and "add({&quot;a&quot;: 2, &quot;b&quot;: 3}) &rarr; 5" in env
     model = page.split('class="turn model-turn"')
     assert len(model) == 3 and model[1].count('class="tok"') == 2 and model[2].count('class="tok"') == 1
+
+
+def test_trls_own_increment_env_and_a_plain_tools_list_run_unchanged(tiny):
+    """TRL's IncrementEnv (reset without arguments, one tool method) and tools=[add], through the
+    rollout loop: the calls the model makes are answered by the instance's state."""
+    model, tok = tiny
+    s = TurnSettings(max_turns=3, max_tokens=400, max_new_tokens=6)
+
+    class Driven(ToolEpisode):  # the tiny model does not call tools: the scripted calls of a policy that does
+        def respond(self, text, calls, last=False):
+            return super().respond(text, [ToolCall("increment", {"a": 2}), ToolCall("add", {"a": 1, "b": 2})], last)
+
+    trajs, episodes = run_trajectories(model, tok, [{"prompt": "Increment by two."}], [3], 2, s,
+                                       lambda: Driven([Tool(games.add, "t")], games.IncrementEnv(), "t"))
+    prompt = tok.decode(trajs[0].prompt_ids)
+    assert '"name": "increment"' in prompt and '"name": "add"' in prompt
+    for t, ep in zip(trajs, episodes):
+        results = [[c["result"] for c in turn["calls"]] for turn in t.turns if turn.get("calls")]
+        assert results == [[str(2 * (k + 1)), "3"] for k in range(len(results))]  # the counter's own state
+        assert ep.env._counter == 2 * len(results) and ep.reward() is None  # no get_reward: no env reward

@@ -99,3 +99,26 @@ class GuessNumber:
             return "correct", 1.0, True, False, {}
         hint = "higher" if digits and int(digits[0]) < self.secret else "lower"
         return hint, 0.0, False, False, {}
+
+
+class IncrementEnv:
+    """TRL's own example (trl/demo_grpo_environment.py), unchanged."""
+
+    def __init__(self):
+        self._counter = 0
+
+    def reset(self) -> None:
+        self._counter = 0
+
+    def increment(self, a: int) -> int:
+        """
+        Increment the integer by a specified value
+
+        Args:
+            a: The value to increment by
+
+        Returns:
+            The incremented integer.
+        """
+        self._counter += a
+        return self._counter
