@@ -89,7 +89,8 @@ def run_trajectories(model, tok, rows: list[dict], seeds: list[int], group_size:
             _model_turn(model, tok, [trajs[i] for i in live], gens, s, stops)
             talking = [i for i in live if not trajs[i].done]
             last = turn == s.max_turns - 1
-            answers = pool.map(lambda i: episodes[i].respond(trajs[i].final_text, _calls(s, trajs[i]), last), talking)
+            answers = pool.map(lambda i, last=last: episodes[i].respond(trajs[i].final_text, _calls(s, trajs[i]), last),
+                               talking)
             for i, answer in zip(talking, answers):
                 _answer_turn(tok, trajs[i], *answer, last=last, s=s, stops=stops)
     model.train(was_training)
