@@ -175,9 +175,9 @@ def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, hea
 
 
 def build_tiny_qwen2_tools(out_dir: str | Path) -> Path:
-    """`tiny://qwen2-tools`: tiny Qwen2 with Qwen2.5's tool-calling chat template, wider and deeper
-    than `tiny://qwen2`: copying a call's arguments out of a 200-token prompt takes some capacity."""
-    return build_tiny_qwen2(out_dir, hidden=128, layers=4, tools=True)
+    """`tiny://qwen2-tools`: tiny Qwen2 with Qwen2.5's tool-calling chat template (a wider and
+    deeper one, 128 x 4, copied operands no better after 4 SFT epochs: docs/status.md)."""
+    return build_tiny_qwen2(out_dir, hidden=64, layers=2, tools=True)
 
 
 TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2, "qwen2-tools": build_tiny_qwen2_tools}  # tiny://NAME

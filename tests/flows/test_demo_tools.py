@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ["--set", "sft.max_steps=30", "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2",
+SMOKE = ["--set", "sft.max_steps=120", "--set", "sft.batch_size=8", "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2",
          "--set", "rl.samples_per_prompt=2", "--set", "eval.limit=4", "--set", "rl.eval_every=100"]
 
 
