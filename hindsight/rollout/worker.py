@@ -67,6 +67,14 @@ def write_groups(store: RolloutStore, component: str, step: int, rows: dict[int,
         crash_point(f"{_POINT[component]}-group{g}", step)
 
 
+def _group_of(exp: Experience, i: int, size: int) -> Experience:
+    """Group i of a sampled batch, with its own trajectories (multi-turn) in its meta."""
+    part = exp.rows(list(range(i * size, (i + 1) * size)))
+    if "trajectories" in exp.meta:
+        part.meta = {**exp.meta, "trajectories": exp.meta["trajectories"][i * size:(i + 1) * size]}
+    return part
+
+
 class StaleWeights(RuntimeError):
     """A worker serves nothing until it holds the weights version it is asked to sample with."""
 
@@ -119,10 +127,7 @@ class RolloutWorker:
             t0 = time.perf_counter()
             exp = self._generate_batch(batch)
             self.compute_s += time.perf_counter() - t0
-            trajs = exp.meta.get("trajectories")
-            rows = {t.group: self._group_rows(t, exp.rows(list(range(i * size, (i + 1) * size))),
-                                              trajs[i * size:(i + 1) * size] if trajs else None)
-                    for i, t in enumerate(batch) if t.write}
+            rows = {t.group: self._group_rows(t, _group_of(exp, i, size)) for i, t in enumerate(batch) if t.write}
             write_groups(self.store, "rollouts", batch[0].step, rows)
             done += list(rows)
         return done
@@ -173,7 +178,7 @@ class RolloutWorker:
         exp.meta["trajectories"] = trajs
         return exp
 
-    def _group_rows(self, task: GroupTask, exp: Experience, trajs: list | None = None) -> list[dict]:
+    def _group_rows(self, task: GroupTask, exp: Experience) -> list[dict]:
         src, size = task.prompt, self.rl.samples_per_prompt
         texts = self.tok.batch_decode(exp.completion_ids, skip_special_tokens=True)
         columns = json.dumps({k: v for k, v in src.items() if k not in ("prompt", "id", "_replayed")})
@@ -199,7 +204,7 @@ class RolloutWorker:
                 "ended_with_eos": bool(n and completions[j][n - 1] in stops),
                 "columns": columns,
             })
-        for row, t in zip(rows, trajs or []):  # multi-turn: what each turn was, and what trains
+        for row, t in zip(rows, exp.meta.get("trajectories", [])):  # multi-turn: each turn, and what trains
             row.update({"completion": t.final_text, "ended_with_eos": t.ended_with_eos, "action_mask": t.action,
                         "turns": json.dumps(t.turns), "cut": t.cut, "retokenize_mismatch": t.retemplate_differs,
                         "columns": json.dumps({**json.loads(columns), "env_reward": t.env_reward})})
