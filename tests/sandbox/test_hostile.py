@@ -174,7 +174,7 @@ def test_a_hostile_program_given_to_the_python_tool_is_contained(name, host, mon
     comes back as a turn (an answer or an error, never an exception), and the host is untouched."""
     from rewards.sandbox import Limits as ToolLimits
 
-    from hindsight.rollout.multiturn.sandboxed import ToolSandbox
+    from rewards.tools import ToolSandbox
     from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
 
     program = PROGRAMS[name][0]
@@ -198,7 +198,7 @@ def test_a_hostile_program_given_to_the_python_tool_is_contained(name, host, mon
 
 
 def test_a_hanging_python_tool_call_is_an_error_turn_after_its_timeout():
-    from hindsight.rollout.multiturn.sandboxed import ToolSandbox
+    from rewards.tools import ToolSandbox
     from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
 
     tools = Toolbox([Tool(ToolSandbox().python_tool(2.0), "test", "in_process", 60.0)])

@@ -24,12 +24,12 @@ def load_target(spec: str, where: str):
     return target
 
 
+SANDBOX = "rewards.tools:ToolSandbox"  # found by name, as rewards are: the core does not import rewards
+
+
 def tools_of(mt) -> list[Tool]:
-    from rewards.sandbox import Limits  # the sandbox's own limits type, shared with the code reward
-
-    from hindsight.rollout.multiturn.sandboxed import ToolSandbox
-
-    box = ToolSandbox(Limits(timeout_s=mt.tool_timeout_s, memory_scope=mt.memory_scope), mt.sandbox)
+    box = load_target(SANDBOX, f"{WHERE}.isolation")(mode=mt.sandbox, timeout_s=mt.tool_timeout_s,
+                                                      memory_scope=mt.memory_scope)
     tools = []
     for spec in mt.tools:
         if spec == "python":  # the program is what runs sandboxed; the call that starts it is ours

@@ -1,6 +1,8 @@
-"""Tools that run in the code reward's bubblewrap sandbox (`rewards.sandbox`), one fresh sandbox
-a call: a user's tool function (its module's source and the call go in, the result's text comes
-out, so nothing it does touches the rollout worker), and the built-in `python` interpreter tool.
+"""Multi-turn tools that run in the code reward's bubblewrap sandbox (`rewards.sandbox`), one fresh
+sandbox a call: a user's tool function (its module's source and the call go in, the result's text
+comes out, so nothing it does touches the rollout worker), and the built-in `python` interpreter
+tool. Like a reward, this is found by name (`rewards.tools:ToolSandbox`) by the rollout, which
+does not import the rewards package.
 
 A sandboxed tool's module must be self-contained: the sandbox holds the interpreter's standard
 library and nothing of the project (no imports of the user's other modules)."""
@@ -17,8 +19,9 @@ OUTPUT_CHARS = 2000  # what the python tool hands back of a program's output
 
 
 class ToolSandbox:
-    def __init__(self, limits: Limits | None = None, mode: str = "bwrap"):
-        self.limits, self.mode = limits or Limits(), mode
+    def __init__(self, limits: Limits | None = None, mode: str = "bwrap", **limit_fields):
+        """`limits`, or the `Limits` fields given by name (timeout_s, memory_scope, ...)."""
+        self.limits, self.mode = limits or Limits(**limit_fields), mode
 
     def call(self, fn, args: dict, timeout_s: float) -> str:
         """fn(**args) in a sandbox of its own; its result's text. Raises on its failure."""
