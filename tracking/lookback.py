@@ -36,7 +36,7 @@ def compare_versions(cfg: PipelineConfig, init_path: str, init_label: str) -> Pa
         model = load_causal_lm(path, cfg.model.dtype).eval()
         with judge_worker(cfg) as worker:
             answers[label] = judge(model, load_tokenizer(path), rows, cfg.eval.reward, cfg.eval.max_new_tokens,
-                                   worker, cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback)
+                                   worker, cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback, cfg.rl.rollout.multi_turn)
         del model
     out = RunDir.of(cfg).rl.versions_report
     prompts = [display_prompt(r["prompt"]) for r in rows]  # chat prompts are turns, not text

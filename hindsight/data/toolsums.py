@@ -15,7 +15,9 @@ from pathlib import Path
 
 from hindsight.data.rows import write_jsonl
 
-FILES = ("prompts.jsonl", "eval.jsonl", "sft.jsonl", "prefs.jsonl")
+FILES = ("prompts.jsonl", "eval.jsonl", "sft.jsonl", "prefs.jsonl", "guess.jsonl", "guess-eval.jsonl",
+         "sft-guess.jsonl")
+GUESS = "Let's play."
 ADD_SCHEMA = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer", "description": "The first number."},
@@ -50,6 +52,22 @@ def trace(a: int, b: int, rng: random.Random, error_rate: float) -> list[dict]:
             {"role": "assistant", "content": str(x + y)}]
 
 
+def guess_trace(secret: int, rng: random.Random) -> list[dict]:
+    """A game played sloppily: each guess is random among the numbers the hints still allow (a
+    halving player needs at most 4 guesses; this one takes about 3.4 on average)."""
+    low, high, turns = 0, 9, []
+    while True:
+        guess = rng.randint(low, high)
+        turns.append({"role": "assistant", "content": str(guess)})
+        if guess == secret:
+            return turns
+        if guess < secret:
+            low = guess + 1
+        else:
+            high = guess - 1
+        turns.append({"role": "user", "content": "higher" if guess < secret else "lower"})
+
+
 def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.4, n_prompts: int = 1000,
                     n_eval: int = 200, n_sft: int = 2000) -> dict[str, Path]:
     """Regenerate the files deterministically (same seed, same bytes). Eval sums never appear in
@@ -66,6 +84,12 @@ def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.4,
                       for i, (a, b) in enumerate(rng.choice(train_pairs) for _ in range(n_sft))],
         "prefs.jsonl": [{"id": f"r{i}", "prompt": question(a, b), "chosen": str(a + b), "rejected": str(no_carry(a, b))}
                         for i, (a, b) in enumerate(rng.choice(train_pairs) for _ in range(200))],
+        "guess.jsonl": [{"id": f"g{i}", "prompt": GUESS, "secret": rng.randrange(10), "answer": "0"}
+                        for i in range(n_prompts)],
+        "guess-eval.jsonl": [{"id": f"ge{i}", "prompt": GUESS, "secret": i % 10, "answer": "0"} for i in range(100)],
+        "sft-guess.jsonl": [{"id": f"sg{i}", "prompt": [{"role": "user", "content": GUESS + " Guess my number from 0 "
+                                                         "to 9."}], "completion": guess_trace(i % 10, rng)}
+                            for i in range(n_sft)],
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
