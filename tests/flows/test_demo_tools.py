@@ -43,3 +43,30 @@ def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
     assert {"multiturn/turns", "multiturn/tool_calls", "multiturn/tool_error_rate",
             "multiturn/retokenize_mismatches"} <= metrics.keys()
     assert metrics["multiturn/tool_calls"] > 0
+
+
+def test_the_guess_demo_plays_its_game_over_several_turns(tmp_path):
+    """configs/demo-guess.yaml at smoke size: every stored game's turns alternate the model's
+    guesses with the environment's hints, and its reward is what the environment gave."""
+    for name in ("demo-guess.yaml", "demo_tools.py"):
+        shutil.copy(ROOT / "configs" / name, tmp_path / name)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    smoke = ["--set", "sft.max_steps=120", "--set", "sft.batch_size=16", "--set", "rl.steps=2", "--set",
+             "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=4", "--set", "eval.limit=4"]
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-guess.yaml", *smoke],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    files = sorted(glob.glob(str(tmp_path / "runs/demo-guess/rl/rollouts/*.parquet")))
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    scores = [r for f in sorted(glob.glob(str(tmp_path / "runs/demo-guess/rl/scores/*.parquet")))
+              for r in pq.read_table(f).to_pylist()]
+    games = [json.loads(r["turns"]) for r in rows]
+    assert sum(len(g) > 1 for g in games) >= len(games) // 2, "most games take several turns"
+    for g in games:
+        assert [t["role"] for t in g] == ["assistant", "user"] * (len(g) // 2) + ["assistant"] * (len(g) % 2)
+        assert all(t["text"] in ("higher", "lower") for t in g if t["role"] == "user")
+    given = {(r["step"], r["index"]): json.loads(r["columns"])["env_reward"] for r in rows}
+    assert len(scores) == len(rows) and any(s["reward"] > 0 for s in scores)
+    for s in scores:
+        assert s["reward"] == given[(s["step"], s["index"])]
