@@ -72,8 +72,8 @@ def _wait_for_step(work, proc, run_dir, n):
         time.sleep(0.05)
 
 
-def _final(work, run_dir):
-    return load_file(work / "runs" / run_dir / "rl" / "checkpoints" / "policy" / f"step-{STEPS:06d}" / "model.safetensors")
+def _final(work, run_dir, steps=STEPS):
+    return load_file(work / "runs" / run_dir / "rl" / "checkpoints" / "policy" / f"step-{steps:06d}" / "model.safetensors")
 
 
 def test_sigterm_checkpoints_the_step_in_flight_and_the_rerun_ends_allclose(workspace):
@@ -125,8 +125,10 @@ def test_sigterm_in_a_ray_learner_group_checkpoints_and_resumes(workspace):
     by float summation order, which Adam's first steps amplify on gradients at its eps; that
     claim is tests/roles/test_learner_group.py's, at its own tolerance.)"""
     work, env = workspace
+    # 4 steps, not 8: the signal still lands mid-run (after step 2) with steps left to resume
     (work / "group.yaml").write_text((work / "rl.yaml").read_text().replace(
-        "  save_every: 100\n", "  save_every: 100\n  workers: {placement: ray, learner: 2}\n"))
+        "  save_every: 100\n", "  save_every: 100\n  workers: {placement: ray, learner: 2}\n").replace(
+        f"  steps: {STEPS}\n", "  steps: 4\n"))
     whole = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", "group.yaml", "--set",
                               "run_dir=runs/group-reference"], cwd=work, env=env,
                              stdout=open(work / "group-reference.log", "a"), stderr=subprocess.STDOUT)
@@ -141,5 +143,5 @@ def test_sigterm_in_a_ray_learner_group_checkpoints_and_resumes(workspace):
     rerun = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", "group.yaml", "--set", "run_dir=runs/group"],
                              cwd=work, env=env, stdout=open(work / "group.log", "a"), stderr=subprocess.STDOUT)
     assert rerun.wait(timeout=600) == 0, (work / "group.log").read_text()[-3000:]
-    ref, got = _final(work, "group-reference"), _final(work, "group")
+    ref, got = _final(work, "group-reference", 4), _final(work, "group", 4)
     assert max((ref[k] - got[k]).abs().max().item() for k in ref) < 1e-5
