@@ -685,44 +685,9 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
 
 
-_TOOLS = '''
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
-
-
-def no_hints(a, b):
-    """Add two numbers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
-
-
-def no_docstring(a: int, b: int) -> int:
-    return a + b
-
-
-class NoReset:
-    def increment(self, step: int) -> int:
-        """Count up.
-
-        Args:
-            step: How much.
-        """
-        return step
-'''
-
-
 def _multi_turn(ws, tmp, **multi_turn) -> Case:
-    (tmp / "mytools.py").write_text(_TOOLS)
+    # the multi-turn unit tests' tools and environments, as a user's module beside the config
+    shutil.copy(ws.root / "tests/unit/rollout/multiturn_envs/games.py", tmp / "mytools.py")
     cfg = base_config(ws, tmp / "run", rollout={"max_new_tokens": 3, "multi_turn": multi_turn})
     return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
 

@@ -91,6 +91,10 @@ def test_hostile_program(name, host, monkeypatch):
                        output_bytes=1 << 20)
 
     assert score == [expected]
+    _assert_host_untouched(host, mark, before)
+
+
+def _assert_host_untouched(host, mark: str, before: str) -> None:
     assert host["sentinel"].poll() is None, "a host process was killed"
     assert _tree_hash() == before, "the project's source changed"
     assert not any(mark.encode() in r for r in host["received"]), "a host socket received data"
@@ -190,11 +194,7 @@ def test_a_hostile_program_given_to_the_python_tool_is_contained(name, host, mon
     turn = tools.call(ToolCall("python", {"code": program}))
 
     assert isinstance(turn.content, str) and "hunter2" not in turn.content
-    assert host["sentinel"].poll() is None, "a host process was killed"
-    assert _tree_hash() == before, "the project's source changed"
-    assert not any(mark.encode() in r for r in host["received"]), "a host socket received data"
-    assert not list(Path("/tmp").glob(f"{mark}*")) and not Path(f"/usr/{mark}").exists()
-    assert _sandbox_processes() == [], "a process of the sandbox outlived its run"
+    _assert_host_untouched(host, mark, before)
 
 
 def test_a_hanging_python_tool_call_is_an_error_turn_after_its_timeout():
