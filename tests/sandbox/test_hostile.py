@@ -77,13 +77,18 @@ def _serve(server, received):
         received.append(conn.recv(100))
 
 
+def _aimed(program: str, host) -> tuple[str, str]:
+    """The program with the host facts it attacks filled in, and the mark it tries to leave."""
+    mark = f"hindsight-escape-{uuid.uuid4().hex[:8]}"
+    return (program.replace("{ROOT}", str(ROOT)).replace("{SENTINEL_PID}", str(host["sentinel"].pid))
+            .replace("{UNIX_SOCKET}", host["UNIX_SOCKET"]).replace("{TCP_PORT}", str(host["TCP_PORT"]))
+            .replace("{MARK}", mark)), mark
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_hostile_program(name, host, monkeypatch):
     program, tests, expected = PROGRAMS[name]
-    mark = f"hindsight-escape-{uuid.uuid4().hex[:8]}"
-    program = (program.replace("{ROOT}", str(ROOT)).replace("{SENTINEL_PID}", str(host["sentinel"].pid))
-               .replace("{UNIX_SOCKET}", host["UNIX_SOCKET"]).replace("{TCP_PORT}", str(host["TCP_PORT"]))
-               .replace("{MARK}", mark))
+    program, mark = _aimed(program, host)
     monkeypatch.setenv("HINDSIGHT_TEST_SECRET", "hunter2")
     before = _tree_hash()
 
@@ -182,10 +187,7 @@ def test_a_hostile_program_given_to_the_python_tool_is_contained(name, host, mon
     from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
 
     program = PROGRAMS[name][0]
-    mark = f"hindsight-escape-{uuid.uuid4().hex[:8]}"
-    program = (program.replace("{ROOT}", str(ROOT)).replace("{SENTINEL_PID}", str(host["sentinel"].pid))
-               .replace("{UNIX_SOCKET}", host["UNIX_SOCKET"]).replace("{TCP_PORT}", str(host["TCP_PORT"]))
-               .replace("{MARK}", mark))
+    program, mark = _aimed(program, host)
     monkeypatch.setenv("HINDSIGHT_TEST_SECRET", "hunter2")
     before = _tree_hash()
     box = ToolSandbox(ToolLimits(timeout_s=5, cpu_s=3, memory_mb=256, processes=16, output_bytes=1 << 16))

@@ -11,6 +11,8 @@ rollout counts where it differs, never trains on it.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from hindsight.errors import ConfigError
 
 _SENTINELS = ("tool_name_q7", "arg_key_q7", "arg_val_q7", "tool_content_q7")
@@ -57,13 +59,9 @@ def bridge(tok, messages: list[dict], end_ids) -> list[int]:
     """The ids between a model turn's end token and the next model turn's first token: the
     template's rendering of `messages` (tool results, or the environment's user turn) and the
     assistant header."""
-    if messages[0]["role"] == "tool":
-        dummy = {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": messages[0].get("name", "tool"), "arguments": {}}}]}
-    else:
-        dummy = {"role": "assistant", "content": "ok"}
-    head = [{"role": "user", "content": "hi"}, dummy]
-    prefix = list(tok.apply_chat_template(head, tokenize=True, return_dict=False))
+    name = messages[0].get("name", "tool") if messages[0]["role"] == "tool" else None
+    head = _head(name)
+    prefix = _prefix(tok, name)
     full = list(tok.apply_chat_template(head + messages, add_generation_prompt=True, tokenize=True,
                                         return_dict=False))
     ends = [i for i, t in enumerate(prefix) if t in set(end_ids)]
@@ -71,10 +69,27 @@ def bridge(tok, messages: list[dict], end_ids) -> list[int]:
         raise ConfigError("the chat template closes an assistant turn with none of the model's end tokens: "
                           "a multi-turn rollout cannot tell where a turn ends")
     cut = ends[-1] + 1
-    if full[:cut] != prefix[:cut]:
+    if full[:cut] != list(prefix[:cut]):
         raise ConfigError("the chat template renders an earlier turn differently once a later one follows: "
                           "turns cannot be appended as tokens")
     return full[cut:]
+
+
+def _head(tool_name: str | None) -> list[dict]:
+    """The dummy conversation a bridge is cut from: a user turn and an assistant turn (a call of
+    the tool answering, for a tool's result: some templates name the tool from the call)."""
+    if tool_name is None:
+        dummy = {"role": "assistant", "content": "ok"}
+    else:
+        dummy = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": tool_name, "arguments": {}}}]}
+    return [{"role": "user", "content": "hi"}, dummy]
+
+
+@lru_cache(maxsize=256)
+def _prefix(tok, tool_name: str | None) -> tuple[int, ...]:
+    """The dummy conversation's ids: the same for every bridge of a tool, rendered once."""
+    return tuple(tok.apply_chat_template(_head(tool_name), tokenize=True, return_dict=False))
 
 
 def retokenized(tok, prompt, tools: list[dict], extra: str | None, turns: list[dict]) -> list[int]:
