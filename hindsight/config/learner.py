@@ -4,7 +4,7 @@ that trains it. Every knob of the learner lives here and nowhere else: `learning
 block's dump (`state.fingerprint`), so a new knob is one field here plus its use site."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -37,10 +37,14 @@ class LearnerConfig(Strict):
     mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step, whole groups (verl's "
                                         "ppo_mini_batch_size; TRL's per_device_train_batch_size x "
                                         "gradient_accumulation_steps); null: the whole step, one optimizer step")
-    micro_batch_tokens: int | None = Field(None, ge=1, description="padded tokens (rows x (prompt + completion)) per "
-                                           "forward and backward; gradients accumulate over a mini-batch's "
-                                           "micro-batches. Also bounds the behaviour, reference and critic forwards. "
-                                           "null: a mini-batch at once")
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        None, description="padded tokens (rows x (prompt + completion)) per forward and backward; gradients "
+        "accumulate over a mini-batch's micro-batches. Also bounds the behaviour, reference and critic forwards. "
+        "null: a mini-batch at once; auto: fitted at the start from probe forwards and backwards against "
+        "memory_cap_mb (hindsight.learning.fit), fitted again when rows grow wider, kept in the checkpoint")
+    memory_cap_mb: float | None = Field(None, gt=0, description="what micro_batch_tokens: auto fits under, per learner "
+                                        "process; null: the GPU's memory, else the cgroup's limit (or the machine's "
+                                        "memory) shared by the group's processes")
     packing: Literal["off", "on", "auto"] = Field("off", description="padding-free micro-batches: a micro-batch's "
                                                   "rows end to end in sequences no wider than its widest row, "
                                                   "positions restarting per row (hindsight.packing), in the update "

@@ -21,6 +21,7 @@ from hindsight.coordination.learner_group import start_learner_group
 from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.config import PipelineConfig
+from hindsight.data.bounds import longest_prompt
 from hindsight.data.rows import load_rows
 from hindsight.errors import CheckpointError, NonFiniteError, RewardError
 from hindsight.experience import advantage_rows, experience_from_rows
@@ -69,6 +70,7 @@ class RLRun:
                 raise CheckpointError(f"{self.ckpt.policy_dir(start)}: the checkpoint of step {start} holds weights "
                                       f"beyond model.max_weight_abs {cfg.model.max_weight_abs:g}: a diverged run, not "
                                       f"one to resume; rerun with --force to start over")
+            self._fit_budget(rows, start)  # before the roles: their forwards read the fitted budget
             self._start_roles(start, rows, pad_id, rm_path)
         except BaseException:  # what did start (the learner group, Ray pools) stops with the failure
             self._close_started()
@@ -83,6 +85,23 @@ class RLRun:
         self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
         if start:  # last, so that nothing built above draws from the restored generators
             self.ckpt.restore_rng(start)
+
+    def _fit_budget(self, rows: list[dict], start: int | None) -> None:
+        """`rl.learner.micro_batch_tokens: auto`: fitted for the widest rows the run can sample (a
+        resumed run takes its checkpoint's fit, so its micro-batches are the ones it had); the
+        roles built after this see the fitted number."""
+        if self.rl.learner.micro_batch_tokens != "auto":
+            return
+        mt = self.rl.rollout.multi_turn
+        completion = mt.max_tokens if mt is not None else self.rl.rollout.max_new_tokens
+        kept = self.ckpt.manifest().get("micro_batch_fit") if start else None
+        fit = self.learner.fit_budget(longest_prompt(rows, self.tok), completion, kept)
+        print(f"micro_batch_tokens: auto -> {fit['budget']} ({fit['budget'] // fit['width']} rows of {fit['width']} "
+              f"tokens; {fit['per_token_bytes'] / 2**10:.0f} KiB a token under a cap of {fit['cap_bytes'] / 2**20:.0f} "
+              f"MiB{', from the checkpoint' if kept else ''})", flush=True)
+        learner = self.rl.learner.model_copy(update={"micro_batch_tokens": fit["budget"]})
+        self.cfg = self.cfg.model_copy(update={"rl": self.rl.model_copy(update={"learner": learner})})
+        self.rl = self.cfg.rl
 
     def _start_roles(self, start: int | None, rows: list[dict], pad_id: int, rm_path: str | None) -> None:
         """The roles around the learner: rollouts, scorers, and the state they share."""
@@ -226,7 +245,8 @@ class RLRun:
                                  f"{self.cfg.model.max_weight_abs:g}, so no checkpoint is written. "
                                  f"{self.newest_checkpoint()}")
         self.rollouts.wait_ahead(done)  # async: the shards sampled with versions no checkpoint keeps
-        self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint})
+        kept = {"micro_batch_fit": self.learner.budget_fit} if self.learner.budget_fit else {}
+        self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint, **kept})
 
     def _set_lr(self) -> None:
         self.learner.set_lr(self.rl.learner.lr * self.lr_multiplier)

@@ -36,3 +36,9 @@ def check_prompt_lengths(rows: list[dict], tok, cap: int | None, source: str, wh
             n = str(count)
         raise DataError(f"{where}: the prompt is {n} tokens, more than the {cap} {what} allows; shorten it, or "
                         f"set data.max_prompt_tokens")
+
+
+def longest_prompt(rows: list[dict], tok) -> int:
+    """The most tokens any row's prompt takes, the chat template applied."""
+    texts = [prompt_text(tok, row["prompt"]) for row in rows]
+    return max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=1)

@@ -68,12 +68,12 @@ def guess_trace(secret: int, rng: random.Random) -> list[dict]:
         turns.append({"role": "user", "content": "higher" if guess < secret else "lower"})
 
 
-def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.4, n_prompts: int = 1000,
-                    n_eval: int = 200, n_sft: int = 2000) -> dict[str, Path]:
+def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.2, n_prompts: int = 1000,
+                    n_eval: int = 200, n_sft: int = 16000, n_sft_guess: int = 2000) -> dict[str, Path]:
     """Regenerate the files deterministically (same seed, same bytes). Eval sums never appear in
     training; prefs (pairs for the reward model stage) prefer the right answer."""
     rng = random.Random(seed)
-    pairs = [(rng.randrange(100, 1000), rng.randrange(100, 1000)) for _ in range(4000)]
+    pairs = [(rng.randrange(100, 1000), rng.randrange(100, 1000)) for _ in range(20000)]
     eval_pairs, train_pairs = pairs[:n_eval], pairs[n_eval:]
     row = lambda a, b, i: {"id": i, "prompt": question(a, b), "answer": str(a + b), "secret": (a + b) % 10}  # noqa: E731
     files = {
@@ -89,7 +89,7 @@ def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.4,
         "guess-eval.jsonl": [{"id": f"ge{i}", "prompt": GUESS, "secret": i % 10, "answer": "0"} for i in range(100)],
         "sft-guess.jsonl": [{"id": f"sg{i}", "prompt": [{"role": "user", "content": GUESS + " Guess my number from 0 "
                                                          "to 9."}], "completion": guess_trace(i % 10, rng)}
-                            for i in range(n_sft)],
+                            for i in range(n_sft_guess)],
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

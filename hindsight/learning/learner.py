@@ -72,6 +72,17 @@ class Learner:
     def set_lr(self, lr: float) -> None:
         self.rank.set_lr(lr)
 
+    def fit_budget(self, prompt: int, completion: int, kept: dict | None = None) -> dict:
+        """`rl.learner.micro_batch_tokens: auto`: every rank fits its budget for rows of `prompt +
+        completion` tokens (its probes are collectives where the strategy's backward is), or
+        takes the fit a checkpoint `kept`; rank 0's fit is returned, and kept with each checkpoint."""
+        with self.alongside("fit", prompt, completion, None, kept):
+            return self.rank.fit(prompt, completion, None, kept)
+
+    @property
+    def budget_fit(self) -> dict | None:
+        return self.rank.budget.to_json() if self.rank.budget is not None else None
+
     def train(self, exp: Experience, groups: list[int]) -> dict:
         """One update on the batch; its advantages are set on `exp` (the coordinator stores them).
         Then the serving copy holds the new weights."""

@@ -11,14 +11,17 @@ optimizers are made, and the resume state is read (`strategy.load`).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import partial
 
-from hindsight.experience import Experience
+from hindsight.experience import Experience, lengths
 from hindsight.faults import crash_point
+from hindsight.learning.fit import BudgetFit, fit_budget, memory_cap
 from hindsight.learning.build import build_critic, build_optimizer, build_policy
 from hindsight.learning.health import Health
 from hindsight.learning.strategies import get_strategy
 from hindsight.learning.update import learner_settings, update
+from hindsight.logprobs import model_device
 
 
 class LearnerRank:
@@ -27,7 +30,9 @@ class LearnerRank:
         """`sources`: the strategy's (`Strategy.sources`); `base` and `resume`: a LoRA policy's
         base model and whether its adapter is read back from `sources["policy"]`."""
         self.rank, self.world, self.steps = rank, world, 0
-        self.settings = learner_settings(rl)
+        self.rl, self.settings = rl, learner_settings(rl)
+        self.budget: BudgetFit | None = None  # set by `fit` when rl.learner.micro_batch_tokens is auto
+        self.most_rows = rl.learner.mini_batch_size or rl.prompts_per_step * rl.samples_per_prompt
         self.health = Health(rl.learner.health)
         self.strategy = get_strategy(rl.learner.strategy)(rank, world, rl.learner)
         self.strategy.join(init_method, rl.workers.lease_ttl_s)
@@ -60,8 +65,39 @@ class LearnerRank:
 
     def train(self, exp: Experience) -> dict:
         """This rank's part of one update on the batch (every rank holds all of it)."""
-        return update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
-                      share=self.strategy, health=self.health)
+        refit = False
+        if self.auto_budget:  # every rank holds the whole batch, so every rank refits, or none
+            prompt, completion = (max(n) for n in lengths(exp))
+            refit = self.budget.outgrown(prompt + completion)
+            if refit:
+                self.fit(prompt, completion, self.budget.cap_bytes)
+        metrics = update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
+                         share=self.strategy, health=self.health)
+        if self.auto_budget:
+            metrics.update({"learn/micro_batch_tokens": float(self.budget.budget), "learn/budget_refits": float(refit)})
+        return metrics
+
+    # --- rl.learner.micro_batch_tokens: auto (learning.fit) ---------------------------------
+    @property
+    def auto_budget(self) -> bool:
+        return self.budget is not None
+
+    def fit(self, prompt: int, completion: int, cap: int | None = None, kept: dict | None = None) -> dict:
+        """Fit the micro-batch budget for rows of `prompt + completion` tokens under `cap` bytes
+        (None: `memory_cap`'s), or take the fit a checkpoint `kept` if it was fitted under the same
+        cap (a resumed run then cuts its micro-batches as the run it continues did); returns the fit."""
+        cap = cap or self.cap()
+        budget = (BudgetFit.from_json(kept) if kept and kept["cap_bytes"] == cap else
+                  fit_budget(self.policy, self.optimizer, prompt, completion, cap, self.most_rows,
+                             extra=[(self.critic, self.critic_optimizer)]))
+        self.budget, self.settings = budget, replace(self.settings, micro_batch_tokens=budget.budget)
+        return budget.to_json()
+
+    def cap(self) -> int:
+        configured = self.rl.learner.memory_cap_mb
+        device = model_device(self.policy)
+        cap = memory_cap(device, configured)
+        return cap if configured is not None or device.type == "cuda" else cap // self.world  # one machine's, shared
 
     # --- what rank 0 calls on a peer, alongside its own call --------------------------------
     def ready(self) -> int:

@@ -60,7 +60,9 @@ def learner_settings(rl) -> LearnerSettings:
     in_loss = rl.kl.placement == "loss"
     loss = _by_name(LossSettings, rl.learner, kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
                     max_len=rl.rollout.max_new_tokens)
+    budget = rl.learner.micro_batch_tokens
     return _by_name(LearnerSettings, rl.learner, algorithm=rl.algorithm, params=rl.algorithm_settings(),
+                    micro_batch_tokens=None if budget == "auto" else budget,  # auto: set by the fit (learning.fit)
                     temperature=rl.rollout.temperature,
                     loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef,
                     is_correction=rl.async_.is_correction, is_cap=rl.async_.is_cap)
