@@ -21,6 +21,7 @@ from hindsight.coordination.learner_group import start_learner_group
 from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.config import PipelineConfig
+from hindsight.console import say
 from hindsight.data.bounds import longest_prompt
 from hindsight.data.rows import load_rows
 from hindsight.errors import CheckpointError, NonFiniteError, RewardError
@@ -96,9 +97,9 @@ class RLRun:
         completion = mt.max_tokens if mt is not None else self.rl.rollout.max_new_tokens
         kept = self.ckpt.manifest().get("micro_batch_fit") if start else None
         fit = self.learner.fit_budget(longest_prompt(rows, self.tok), completion, kept)
-        print(f"micro_batch_tokens: auto -> {fit['budget']} ({fit['budget'] // fit['width']} rows of {fit['width']} "
+        say(f"micro_batch_tokens: auto -> {fit['budget']} ({fit['budget'] // fit['width']} rows of {fit['width']} "
               f"tokens; {fit['per_token_bytes'] / 2**10:.0f} KiB a token under a cap of {fit['cap_bytes'] / 2**20:.0f} "
-              f"MiB{', from the checkpoint' if kept else ''})", flush=True)
+              f"MiB{', from the checkpoint' if fit == kept else ''})")
         learner = self.rl.learner.model_copy(update={"micro_batch_tokens": fit["budget"]})
         self.cfg = self.cfg.model_copy(update={"rl": self.rl.model_copy(update={"learner": learner})})
         self.rl = self.cfg.rl

@@ -53,19 +53,17 @@ def trace(a: int, b: int, rng: random.Random, error_rate: float) -> list[dict]:
 
 
 def guess_trace(secret: int, rng: random.Random) -> list[dict]:
-    """A game played sloppily: each guess is random among the numbers the hints still allow (a
-    halving player needs at most 4 guesses; this one takes about 3.4 on average)."""
-    low, high, turns = 0, 9, []
+    """A game played the slow way: a first guess at random, then one step at a time towards the
+    number as the hints say (5.5 guesses on average from 0, 1.5 + 1 from 4 or 5; 4.3 over a random
+    start). RL on a reward that falls with each turn has a better first guess to find."""
+    guess, turns = rng.randint(0, 9), []
     while True:
-        guess = rng.randint(low, high)
         turns.append({"role": "assistant", "content": str(guess)})
         if guess == secret:
             return turns
-        if guess < secret:
-            low = guess + 1
-        else:
-            high = guess - 1
-        turns.append({"role": "user", "content": "higher" if guess < secret else "lower"})
+        hint = "higher" if guess < secret else "lower"
+        turns.append({"role": "user", "content": hint})
+        guess += 1 if hint == "higher" else -1
 
 
 def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.2, n_prompts: int = 1000,

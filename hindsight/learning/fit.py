@@ -146,7 +146,8 @@ def pending_bytes(*pairs) -> int:
         for p in model.parameters():
             if not p.requires_grad:
                 continue
-            size = p.numel() * p.element_size()
+            local = p.to_local() if hasattr(p, "to_local") else p  # a sharded parameter: this rank's shard
+            size = local.numel() * local.element_size()
             total += size * (p.grad is None) + 2 * size * (p not in optimizer.state)
     return total
 

@@ -103,3 +103,20 @@ def test_fsdp2_with_cpu_offload_trains_the_same(init, tmp_path):
         assert next(two.learner.policy.parameters()).to_local().device.type == "cpu"
     finally:
         one.close(), two.close()
+
+
+def test_fsdp2_group_of_two_fits_an_auto_budget_and_trains_what_one_process_trains(init, tmp_path):
+    """`micro_batch_tokens: auto` on a sharded group: the probes' forwards and backwards are
+    collectives, so both ranks probe together at the start; the run trains what one process
+    trains at the fitted budget."""
+    work, path = init
+    auto = {"micro_batch_tokens": "auto", "memory_cap_mb": 64000}
+    two = run_steps(config(work, tmp_path / "two", "grpo", RAY2, learner=auto), path)
+    fit = two.learner.budget_fit
+    one = run_steps(config(work, tmp_path / "one", "grpo", learner={"micro_batch_tokens": fit["budget"]}), path)
+    try:
+        assert fit["cap_bytes"] == 64000 * 2**20 and fit["budget"] % fit["width"] == 0
+        assert two.learner.settings.micro_batch_tokens == fit["budget"] == two.rl.learner.micro_batch_tokens
+        assert_same_training(one, two, path)
+    finally:
+        one.close(), two.close()
