@@ -66,8 +66,8 @@ def guess_trace(secret: int, rng: random.Random) -> list[dict]:
         guess += 1 if hint == "higher" else -1
 
 
-def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.2, n_prompts: int = 1000,
-                    n_eval: int = 200, n_sft: int = 16000, n_sft_guess: int = 2000) -> dict[str, Path]:
+def build_tool_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.1, n_prompts: int = 1000,
+                    n_eval: int = 200, n_sft: int = 16000, n_sft_guess: int = 8000) -> dict[str, Path]:
     """Regenerate the files deterministically (same seed, same bytes). Eval sums never appear in
     training; prefs (pairs for the reward model stage) prefer the right answer."""
     rng = random.Random(seed)

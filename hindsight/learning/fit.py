@@ -163,6 +163,24 @@ def _probe_rows(model, rows: int, prompt: int, completion: int, seed: int) -> No
     (logp.sum() + entropy.sum()).backward()
 
 
+def _probe(model, device, prompt: int, completion: int, most_rows: int) -> list[tuple[int, int]]:
+    """(tokens, peak bytes) of each probe that fitted: a probe that runs out of memory ends the
+    probing (the line is drawn through those before it; none: no row fits)."""
+    from hindsight.learning.oom import is_out_of_memory
+
+    points = []
+    try:
+        _probe_rows(model, 1, prompt, completion, seed=0)  # gradients allocated before anything is measured
+        for rows in (r for r in PROBE_ROWS if r <= max(most_rows, 2)):
+            peak = measure_peak(device, lambda: _probe_rows(model, rows, prompt, completion, seed=rows))
+            points.append((rows * (prompt + completion), peak))
+    except Exception as exc:  # noqa: BLE001  (only running out of memory ends the probing; the rest re-raise)
+        if not is_out_of_memory(exc):
+            raise
+        model.zero_grad(set_to_none=True)
+    return points
+
+
 def fit_budget(model, optimizer, prompt: int, completion: int, cap: int, most_rows: int,
                extra=()) -> BudgetFit:
     """Probe the policy at rows of `prompt + completion` tokens and fit the budget under `cap`.
@@ -172,12 +190,14 @@ def fit_budget(model, optimizer, prompt: int, completion: int, cap: int, most_ro
     was_training = model.training
     model.train()
     try:
-        _probe_rows(model, 1, prompt, completion, seed=0)  # gradients allocated before anything is measured
-        points = [(r * width, measure_peak(device, lambda r=r: _probe_rows(model, r, prompt, completion, seed=r)))
-                  for r in PROBE_ROWS if r <= max(most_rows, 2)]
+        points = _probe(model, device, prompt, completion, most_rows)
     finally:
         optimizer.zero_grad(set_to_none=True)
         model.train(was_training)
+    if not points:
+        raise ConfigError(f"rl.learner.micro_batch_tokens: auto: a forward and backward of one row of {width} tokens "
+                          f"ran out of memory: shorten rl.rollout.max_new_tokens or the prompts, or use "
+                          f"model.gradient_checkpointing")
     intercept, slope = fit_line(points)
     _release()
     free = HEADROOM * cap - held_bytes(device) - pending_bytes((model, optimizer), *extra)

@@ -157,3 +157,24 @@ def test_a_step_with_rows_wider_than_the_fit_is_fitted_again(tmp_path):
         assert rank.settings.micro_batch_tokens == rank.budget.budget  # the update after it uses the new fit
     finally:
         run.close()
+
+
+def test_a_probe_that_runs_out_of_memory_ends_the_probing(monkeypatch):
+    from hindsight.learning import fit as fitting
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    real = fitting._probe_rows
+
+    def tight(model, rows, prompt, completion, seed):  # as if the device held 2 rows at most
+        if rows > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (forced)")
+        return real(model, rows, prompt, completion, seed)
+
+    monkeypatch.setattr(fitting, "_probe_rows", tight)
+    cap = fitting.held_bytes(torch.device("cpu")) + 2**30
+    got = fit_budget(model, opt, PROMPT, COMPLETION, cap, ROWS)  # the line through the 1- and 2-row probes
+    assert got.budget >= WIDTH and all(p.grad is None for p in model.parameters())
+    monkeypatch.setattr(fitting, "_probe_rows", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("forced")))
+    with pytest.raises(ConfigError, match="one row of 128 tokens ran out of memory"):
+        fit_budget(model, opt, PROMPT, COMPLETION, cap, ROWS)
