@@ -30,7 +30,8 @@ def main() -> None:
     cfg = load_config(args.config)
     runs = RunDir.of(cfg)
     ckpt = CheckpointManager(runs.rl.checkpoints)
-    models = {"SFT (before RL)": str(runs.stage("sft") / "model"), f"RL step {ckpt.latest_step()}": str(ckpt.policy_dir(ckpt.latest_step()))}
+    last = ckpt.latest_step()
+    models = {"SFT (before RL)": str(runs.stage("sft") / "model"), f"RL step {last}": str(ckpt.policy_dir(last))}
     alone = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"rollout": cfg.rl.rollout.model_copy(
         update={"multi_turn": None})})})
     print(f"{'model':<20} {'with the tool':>14} {'without':>9}   ({cfg.eval.limit} held-out sums, greedy)")

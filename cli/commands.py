@@ -236,14 +236,25 @@ def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME)
     guard(go, debug)
 
 
-def data_build(out: Path = typer.Option(Path("data"), "--out", help="output folder"),
-               seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc"),
-               check: Optional[Path] = typer.Option(Path("data.dvc"), help="compare with this .dvc pin")):
+def data_build(out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: data, or data-tools "
+                                                                       "for --demo tool_sums)"),
+               seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc (data-tools.dvc)"),
+               check: Optional[Path] = typer.Option(None, help="compare with this .dvc pin (default: data.dvc, or "
+                                                              "data-tools.dvc for --demo tool_sums)"),
+               demo: str = typer.Option("sums", help="sums (the default demo) or tool_sums (the multi-turn demos)")):
     """Regenerate the demo data deterministically."""
     from hindsight.data.rows import dvc_dir_md5, pinned_md5
-    from hindsight.data.demo import build_demo_data
 
-    build_demo_data(out, seed=seed)
+    if demo not in ("sums", "tool_sums"):
+        typer.secho(f"error: --demo {demo!r}: sums or tool_sums", fg="red", err=True)
+        raise typer.Exit(2)
+    if demo == "tool_sums":
+        from hindsight.data.toolsums import build_tool_data as build
+    else:
+        from hindsight.data.demo import build_demo_data as build
+    name = "data-tools" if demo == "tool_sums" else "data"
+    out, check = out or Path(name), check or Path(f"{name}.dvc")
+    build(out, seed=seed)
     md5 = dvc_dir_md5(out)
     typer.echo(f"wrote {out} (md5 {md5})")
     if check and check.is_file():

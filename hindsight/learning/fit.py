@@ -172,7 +172,7 @@ def _probe(model, device, prompt: int, completion: int, most_rows: int) -> list[
     try:
         _probe_rows(model, 1, prompt, completion, seed=0)  # gradients allocated before anything is measured
         for rows in (r for r in PROBE_ROWS if r <= max(most_rows, 2)):
-            peak = measure_peak(device, lambda: _probe_rows(model, rows, prompt, completion, seed=rows))
+            peak = measure_peak(device, lambda n=rows: _probe_rows(model, n, prompt, completion, seed=n))
             points.append((rows * (prompt + completion), peak))
     except Exception as exc:  # noqa: BLE001  (only running out of memory ends the probing; the rest re-raise)
         if not is_out_of_memory(exc):

@@ -13,14 +13,20 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from mlflow.tracking import MlflowClient
 
+from hindsight.data.toolsums import build_tool_data
+
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ["--set", "sft.max_steps=120", "--set", "sft.batch_size=8", "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2",
+# the demo's data at smoke size: the full set's 16,000 SFT traces would be tokenized for 120 steps
+SMALL = {"n_sft": 1000, "n_sft_guess": 1000}
+SMOKE = ["--set", "data.dvc_file=null", "--set", "sft.max_steps=120", "--set", "sft.batch_size=8",
+         "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2",
          "--set", "rl.samples_per_prompt=2", "--set", "eval.limit=4", "--set", "rl.eval_every=100"]
 
 
 def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
     for name in ("demo-tools.yaml", "demo_tools.py"):
         shutil.copy(ROOT / "configs" / name, tmp_path / name)
+    build_tool_data(tmp_path / "data-tools", **SMALL)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-tools.yaml", *SMOKE],
@@ -50,10 +56,11 @@ def test_the_guess_demo_plays_its_game_over_several_turns(tmp_path):
     guesses with the environment's hints, and its reward is what the environment gave."""
     for name in ("demo-guess.yaml", "demo_tools.py"):
         shutil.copy(ROOT / "configs" / name, tmp_path / name)
+    build_tool_data(tmp_path / "data-tools", **SMALL)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    smoke = ["--set", "sft.max_steps=120", "--set", "sft.batch_size=16", "--set", "rl.steps=2", "--set",
-             "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=4", "--set", "eval.limit=4"]
+    smoke = ["--set", "data.dvc_file=null", "--set", "sft.max_steps=120", "--set", "sft.batch_size=16",
+             "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=4", "--set", "eval.limit=4"]
     res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-guess.yaml", *smoke],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
