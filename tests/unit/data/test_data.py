@@ -80,3 +80,14 @@ def test_repo_data_dvc_pin_matches_the_builder(tmp_path):
     root = Path(__file__).resolve().parents[3]
     build_demo_data(tmp_path / "data")
     assert dvc_dir_md5(tmp_path / "data") == pinned_md5(root / "data.dvc")
+
+
+def test_repo_data_tools_dvc_pin_matches_the_builder(tmp_path):
+    """data-tools.dvc pins what `hindsight data build --demo tool_sums` writes for the multi-turn demos."""
+    from pathlib import Path
+
+    from hindsight.data.toolsums import build_tool_data
+
+    root = Path(__file__).resolve().parents[3]
+    build_tool_data(tmp_path / "data-tools")
+    assert dvc_dir_md5(tmp_path / "data-tools") == pinned_md5(root / "data-tools.dvc")
