@@ -20,6 +20,25 @@ from hindsight.faults import disk_full, enospc
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
+def remove_dead_temporaries(folder: Path) -> None:
+    """Remove the temporary files of writers that died before their rename (a SIGKILL mid-write
+    leaves `.NAME.tmp-PID`): a live writer's (its pid still running) are left to it."""
+    for tmp in Path(folder).glob(".*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     """`durable=False` skips the fsync: the write is still atomic against a crashed process, but
     a power cut may lose it. For bookkeeping that the newest checkpoint can rebuild (the ledger)."""

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hindsight.errors import StorageError
-from hindsight.fsutil import atomic_write_bytes
+from hindsight.fsutil import atomic_write_bytes, remove_dead_temporaries
 
 log = logging.getLogger("hindsight.state.store")
 
@@ -203,6 +203,7 @@ class RolloutStore:
         for p in folder.glob("*.parquet"):
             p.unlink()
             self._cache.pop(p, None)
+        remove_dead_temporaries(folder)  # a part's writer killed mid-write (the rerun resampled its groups)
         folder.rmdir()
         return path
 

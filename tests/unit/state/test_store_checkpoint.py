@@ -156,3 +156,28 @@ def test_a_sharded_learner_state_is_one_component_with_its_checksums(tmp_path):
     assert ck.intact_step() == 4  # the flipped bit is caught; the newest intact version is used
     assert ck.manifest()["learner_state"] == 4 and not (root / "learner_state/step-000006").exists()
     assert list((root / "corrupt").rglob("__1_0.distcp"))
+
+
+def test_merging_parts_clears_a_killed_writers_temporary_file_and_keeps_a_live_ones(tmp_path):
+    """A SIGKILL mid-write leaves `.NAME.tmp-PID` among a step's parts; the rerun samples those
+    groups again and merges the step, which must not fail on the dead writer's leftover."""
+    import os
+    import subprocess
+
+    from hindsight.fsutil import remove_dead_temporaries
+
+    store = RolloutStore(tmp_path)
+    for g in range(2):
+        store.write_part("scores", 7, g, [{"group": g, "reward": float(g)}])
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs
+    folder = tmp_path / "parts" / "scores" / "step-000007"
+    assert folder.is_dir()
+    (folder / f".batch-00000-00001.parquet.tmp-{dead.pid}").write_bytes(b"torn")
+    store.merge_parts("scores", 7, [0, 1])
+    assert not folder.exists() and [r["reward"] for r in store.read("scores", 7)] == [0.0, 1.0]
+    live = tmp_path / "other"
+    live.mkdir()
+    (live / f".x.parquet.tmp-{os.getpid()}").write_bytes(b"being written")
+    remove_dead_temporaries(live)
+    assert (live / f".x.parquet.tmp-{os.getpid()}").exists()
