@@ -243,15 +243,14 @@ def data_build(out: Optional[Path] = typer.Option(None, "--out", help="output fo
                                                               "data-tools.dvc for --demo tool_sums)"),
                demo: str = typer.Option("sums", help="sums (the default demo) or tool_sums (the multi-turn demos)")):
     """Regenerate the demo data deterministically."""
+    from hindsight.data.demo import demo_data
     from hindsight.data.rows import dvc_dir_md5, pinned_md5
 
-    if demo not in ("sums", "tool_sums"):
-        typer.secho(f"error: --demo {demo!r}: sums or tool_sums", fg="red", err=True)
-        raise typer.Exit(2)
-    if demo == "tool_sums":
-        from hindsight.data.toolsums import build_tool_data as build
-    else:
-        from hindsight.data.demo import build_demo_data as build
+    try:
+        _, build = demo_data(demo)
+    except ValueError as exc:
+        typer.secho(f"error: --demo {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     name = "data-tools" if demo == "tool_sums" else "data"
     out, check = out or Path(name), check or Path(f"{name}.dvc")
     build(out, seed=seed)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import dvc_dir_md5, pinned_md5
-from hindsight.data.demo import DEMO_FILES, build_demo_data
+from hindsight.data.demo import demo_data
 from hindsight.errors import DataError, HindsightError, StageError, TrackingError
 from hindsight.console import say
 from hindsight.state.rundir import RunDir
@@ -56,7 +56,7 @@ def ensure_data(cfg: PipelineConfig) -> str:
     """
     d = cfg.data
     data_dir = Path(d.dir)
-    files, build = demo_builder(d)
+    files, build = demo_data(d.demo)
     if d.build_demo and demo_files_read(d) and not all((data_dir / f).exists() for f in files):
         others = sorted(p.name for p in data_dir.iterdir() if p.name not in files) if data_dir.is_dir() else []
         if others:
@@ -74,19 +74,10 @@ def ensure_data(cfg: PipelineConfig) -> str:
     return dvc_dir_md5(data_dir) if data_dir.is_dir() else "external"
 
 
-def demo_builder(d):
-    """(the files, the builder) of the demo data.demo names."""
-    if d.demo == "tool_sums":
-        from hindsight.data.toolsums import FILES, build_tool_data
-
-        return FILES, build_tool_data
-    return DEMO_FILES, build_demo_data
-
-
 def demo_files_read(d) -> bool:
     """Whether the config reads any demo file in data.dir: a config naming only its own files
     never gets the demo built beside them."""
-    demo = {(Path(d.dir) / f).resolve() for f in demo_builder(d)[0]}
+    demo = {(Path(d.dir) / f).resolve() for f in demo_data(d.demo)[0]}
     return any(Path(getattr(d, name)).resolve() in demo for name in ("prompts", "eval", "sft", "prefs"))
 
 

@@ -11,6 +11,7 @@ import hashlib
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -20,12 +21,17 @@ from hindsight.faults import disk_full, enospc
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
+# what the atomic writes below name their temporaries: `.NAME.tmp-PID`
+TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
 def remove_dead_temporaries(folder: Path) -> None:
-    """Remove the temporary files of writers that died before their rename (a SIGKILL mid-write
-    leaves `.NAME.tmp-PID`): a live writer's (its pid still running) are left to it."""
-    for tmp in Path(folder).glob(".*.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+    """Remove the temporary files in `folder` of writers that died before their rename (a SIGKILL
+    mid-write); a live writer's (its pid still running) are left to it. For a folder that writers
+    share while the run goes on; at a stage's start `RunDir.sweep_temporaries` clears them all."""
+    for tmp in Path(folder).iterdir():
+        m = TEMPORARY.match(tmp.name)
+        if m and tmp.is_file() and not _alive(int(m.group(1))):
             tmp.unlink(missing_ok=True)
 
 

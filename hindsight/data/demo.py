@@ -67,3 +67,14 @@ def build_demo_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.6,
     for name, rows in files.items():
         write_jsonl(out / name, rows)
     return {name: out / name for name in files}
+
+
+def demo_data(name: str):
+    """(the files, the builder) of the demo data set `name` (`data.demo`: sums, tool_sums)."""
+    if name == "tool_sums":
+        from hindsight.data.toolsums import FILES, build_tool_data
+
+        return FILES, build_tool_data
+    if name != "sums":
+        raise ValueError(f"{name!r}: no such demo data (sums, tool_sums)")
+    return DEMO_FILES, build_demo_data

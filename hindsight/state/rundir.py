@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hindsight.errors import ConfigError
-from hindsight.fsutil import atomic_write_json, read_json
+from hindsight.fsutil import TEMPORARY, atomic_write_json, read_json
 
 log = logging.getLogger("hindsight")
 MARK = ".hindsight-run"
@@ -44,7 +44,6 @@ SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "
                   "/var")
 _OURS = re.compile(rf"^({'|'.join(re.escape(n) for n in MADE)})(\.old-[0-9-]+)?$|^\.hindsight\.lock$|^{re.escape(MARK)}$"
                    rf"|^({'|'.join(re.escape(n) for n in (*TRIAL_FILES, OPEN_RUNS))})$")
-_TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
 class RLDir:
@@ -158,7 +157,7 @@ class RunDir:
         if not self.mark.is_file():
             return removed
         for name in os.listdir(self.root):
-            m = _TEMPORARY.match(name)
+            m = TEMPORARY.match(name)
             if m and int(m.group(1)) != os.getpid() and _OURS.match(name[1:name.rindex(".tmp-")]):
                 removed.append(_remove(self.root / name))
         for name in self.made():
@@ -229,10 +228,10 @@ def _sweep(root: Path) -> list[Path]:
     removed = []
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [*dirnames, *filenames]:
-            m = _TEMPORARY.match(name)
+            m = TEMPORARY.match(name)
             if m and int(m.group(1)) != os.getpid():
                 removed.append(_remove(Path(dirpath) / name))
-        dirnames[:] = [d for d in dirnames if not _TEMPORARY.match(d)]
+        dirnames[:] = [d for d in dirnames if not TEMPORARY.match(d)]
     return removed
 
 
