@@ -227,21 +227,3 @@ def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | 
                                  part.group_size, temperature, packing=packing)               # (b, t)
         out[rows, : logp.size(1)] = logp.float().cpu()
     return out
-
-
-@torch.no_grad()
-def budgeted_scores(model, exp: Experience, budget: int | None) -> torch.Tensor:
-    """(B,) `sequence_scores` a micro-batch at a time."""
-    out = torch.zeros(len(exp), dtype=torch.float32)                                           # (B,)
-    for rows in micro_batches(*lengths(exp), exp.group_size, budget):
-        part = trimmed(exp, rows)
-        out[rows] = sequence_scores(model, part.input_ids, part.attention_mask).cpu()
-    return out
-
-
-def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Scalar reward-model scores, (B,), for right- or left-padded sequences."""
-    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask))
-    return out.logits.squeeze(-1).float()

@@ -30,10 +30,11 @@ class Packed:
     targets: torch.Tensor       # (M,) the completion token each kept position predicts, in keep's order
     rows: torch.Tensor          # (M,) its row in the padded batch
     cols: torch.Tensor          # (M,) its completion column
+    starts: torch.Tensor        # (B,) where each row's first real token lies in the flattened (N * W) layout
 
     def to(self, device) -> "Packed":
         return Packed(*(t.to(device) for t in (self.input_ids, self.position_ids, self.keep, self.targets,
-                                                self.rows, self.cols)))
+                                                self.rows, self.cols, self.starts)))
 
 
 def bins(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -89,11 +90,13 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: in
     ids = torch.full((len(layout), w), pad_id, dtype=input_ids.dtype)                   # (N, W)
     pos = torch.zeros((len(layout), w), dtype=torch.long)                               # (N, W)
     keep = torch.zeros((len(layout), w), dtype=torch.bool)                              # (N, W)
+    starts = torch.zeros(b, dtype=torch.long)                                           # (B,)
     rows, cols = [], []
     for n, bin_ in enumerate(layout):
         at = 0
         for r in sorted(bin_):  # row order inside a bin: keep's row-major order is then ascending
             real = input_ids[r][mask[r]]                                                # (L_r,)
+            starts[r] = n * w + at
             ids[n, at:at + lengths[r]] = real
             pos[n, at:at + lengths[r]] = torch.arange(lengths[r])
             # the position before completion token t holds its logits
@@ -104,7 +107,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: in
         pos[n, at:] = torch.arange(w - at)  # the tail of pad is a sequence of its own
     rows_t, cols_t = torch.cat(rows), torch.cat(cols)                                   # (M,), (M,)
     targets = input_ids[rows_t, p + cols_t]                                             # (M,)
-    return Packed(ids, pos, keep, targets, rows_t, cols_t)
+    return Packed(ids, pos, keep, targets, rows_t, cols_t, starts)
 
 
 def unpack(values: torch.Tensor, packed: Packed, shape: tuple[int, int]) -> torch.Tensor:

@@ -13,8 +13,9 @@ import time
 
 
 from hindsight.experience import experience_from_rows
-from hindsight.logprobs import budgeted_logprobs, budgeted_scores
+from hindsight.logprobs import budgeted_logprobs
 from hindsight.rollout.worker import write_groups
+from hindsight.scores import budgeted_scores
 from hindsight.scoring.rewards import score_completions
 from hindsight.state.rundir import RLDir
 from hindsight.state.store import RolloutStore
@@ -102,7 +103,7 @@ class Scorer:
         budget = self.rl.learner.micro_batch_tokens
         ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget, self.rl.learner.packing) \
             if self.ref is not None else None
-        rm = budgeted_scores(self.rm, exp, budget).tolist() if self.rm is not None else None
+        rm = budgeted_scores(self.rm, exp, budget, self.rl.learner.packing).tolist() if self.rm is not None else None
         return ref, rm
 
     def close(self) -> None:

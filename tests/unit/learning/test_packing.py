@@ -4,9 +4,10 @@ tests/unit/learning/test_micro_batches.py's)."""
 import torch
 
 from hindsight.logprobs import micro_logprobs, packed_token_logprobs, packs, token_logprobs
-from hindsight.models.load import load_causal_lm
+from hindsight.models.load import load_causal_lm, load_reward_model
 from hindsight.models.tiny import build_tiny_model
 from hindsight.packing import bins, pack, unpack, worth_packing
+from hindsight.scores import budgeted_scores, packed_sequence_scores, packs_scores, pooled_columns, sequence_scores
 
 
 def test_bins_are_first_fit_decreasing_within_the_widest_row():
@@ -71,3 +72,54 @@ def test_packed_logprobs_equal_padded_ones_at_every_real_token(tmp_path):
     assert packs(model, mask, 6, 1, "auto", ids)  # 40 positions instead of 55
     auto, _ = micro_logprobs(model, ids, mask, 6, 1, packing="auto")
     assert torch.equal(auto, got)
+
+
+def _reward_model(tmp_path):
+    torch.manual_seed(0)
+    return load_reward_model(str(build_tiny_model(tmp_path / "m", hidden=32, layers=2, heads=2)), "float64").eval()
+
+
+def test_packed_reward_model_scores_equal_padded_ones_and_pool_the_same_token(tmp_path):
+    rm = _reward_model(tmp_path)
+    pad = rm.config.pad_token_id
+    ids = torch.randint(3, 60, (5, 11))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0                 # prompts left-padded (P = 5), completions right-padded: 8, 10, 3, 10, 5 real tokens
+    mask[1, :1] = 0
+    mask[2, :3] = 0
+    mask[2, 6:] = 0
+    mask[3, 10:] = 0
+    mask[4, 5:] = 0
+    ids = ids.masked_fill(mask == 0, pad)
+    ids[1, 10] = pad                # an EOS that is the pad id: transformers pools the token before it, so must we
+    assert pooled_columns(ids, pad).tolist() == [10, 9, 5, 9, 4]
+    want = sequence_scores(rm, ids, mask)                                                      # (5,) padded
+    got = packed_sequence_scores(rm, ids, mask)                                                # (5,)
+    assert torch.allclose(got, want.to(got.dtype), atol=1e-10), (got, want)
+    assert not torch.allclose(want[1:], want[:-1])  # the rows' scores differ: each row read its own position
+    assert packs_scores(rm, ids, mask, "auto") and torch.equal(sequence_scores(rm, ids, mask, "auto"), got)
+
+
+def test_reward_model_scores_stay_padded_where_packing_cannot_reproduce_them(tmp_path):
+    rm = _reward_model(tmp_path)
+    ids = torch.randint(3, 60, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6])
+    # padding with a token that is not the model's pad id: transformers pools a padding position
+    assert not packs_scores(rm, ids, mask, "on")
+    assert not packs_scores(rm, torch.full((2, 6), 7), torch.ones(2, 6, dtype=torch.long), "auto")  # equal rows: no gain
+    rm.config.pad_token_id = None
+    assert not packs_scores(rm, ids.masked_fill(mask == 0, 0), mask, "on")
+
+
+def test_budgeted_packed_scores_equal_padded_ones_over_micro_batches(tmp_path):
+    from hindsight.experience import experience_from_rows
+    rm = _reward_model(tmp_path)
+    pad = rm.config.pad_token_id
+    g = torch.Generator().manual_seed(1)
+    rows = [{"prompt_ids": torch.randint(3, 60, (int(4 + i // 4),), generator=g).tolist(),
+             "completion_ids": torch.randint(3, 60, (int(1 + (7 * i) % 13),), generator=g).tolist(),
+             "logprobs": [0.0] * int(1 + (7 * i) % 13)} for i in range(8)]
+    exp = experience_from_rows(rows, pad, group_size=4)
+    padded = budgeted_scores(rm, exp, budget=None)                                             # (8,)
+    packed = budgeted_scores(rm, exp, budget=40, packing="on")                                 # (8,) in micro-batches
+    assert torch.allclose(packed, padded, atol=1e-6)  # float32 out: the scorer stores float32
