@@ -12,7 +12,11 @@ completion), the same for both.
 Then the gate (`rl.learner.packing: auto`) on the same rows and on equal lengths (every
 completion 128 tokens): what it chooses and what each path costs there.
 
-The last lines are `ratio tokens_per_s packed/padded: A` and `gate on equal lengths: ...`.
+Then the reward model's scoring forward (the same architecture with a scalar head, no gradient) on
+the mixed rows, padded and packed, alternating.
+
+The last lines are `ratio tokens_per_s packed/padded: A`, `ratio reward_model tokens_per_s
+packed/padded: R` and `gate on equal lengths: ...`.
 """
 from __future__ import annotations
 
@@ -31,16 +35,40 @@ from hindsight.experience import Experience, pad_left, pad_right  # noqa: E402
 from hindsight.learning.update import LearnerSettings, update  # noqa: E402
 
 
+def config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       tie_word_embeddings=True, pad_token_id=0, num_labels=1)
+
+
 def model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    m = Qwen2ForCausalLM(cfg)
+    m = Qwen2ForCausalLM(config())
     m.compute_dtype = torch.float32
     return m
+
+
+def reward_model_ratio(exp: Experience, budget: int, repeats: int) -> float:
+    """Packed over padded real tokens per second of the reward model's scoring forward."""
+    from transformers import Qwen2ForSequenceClassification
+
+    from hindsight.scores import budgeted_scores
+
+    torch.manual_seed(0)
+    rm = Qwen2ForSequenceClassification(config()).eval()
+    times = {"off": [], "on": []}
+    for _ in range(repeats + 1):  # the first round warms up
+        for mode in ("off", "on"):
+            t0 = time.perf_counter()
+            budgeted_scores(rm, exp, budget, mode)
+            times[mode].append(time.perf_counter() - t0)
+    pad_s, pack_s = statistics.median(times["off"][1:]), statistics.median(times["on"][1:])
+    print(f"reward model forward: padded {pad_s:.3f} s, packed {pack_s:.3f} s")
+    return pad_s / pack_s
 
 
 def batch(completion_lengths: list[int], group: int = 4, seed: int = 0) -> Experience:
@@ -94,7 +122,9 @@ def main() -> None:
     choice = _gate(m, opt, equal, args.budget, "equal lengths")
     print(f"equal lengths: padded {eq['off']:.2f} s, packed {eq['on']:.2f} s (packed/padded time "
           f"{eq['on'] / eq['off']:.2f})")
+    rm_ratio = reward_model_ratio(exp, args.budget, args.repeats)
     print(f"ratio tokens_per_s packed/padded: {pad_s / pack_s:.2f}")
+    print(f"ratio reward_model tokens_per_s packed/padded: {rm_ratio:.2f}")
     print(f"gate on equal lengths: {'packed' if choice else 'padded'}")
 
 
