@@ -1,8 +1,9 @@
 """Metrics through one writer thread of ours, in order; flushed before a run ends and at exit."""
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from mlflow.entities import Metric
 
@@ -15,8 +16,14 @@ _PENDING: list = []  # metric writes handed to the writer thread, not yet confir
 # One writer thread of our own, not MLflow's async logging: MLflow's logger polls its queue with
 # a 1 s timeout, so each run's end (`set_terminated` shuts it down) and the process's exit
 # waited up to a second for it, and its buffered mode deadlocks in 3.17. One worker keeps the
-# writes in order; the executor's own exit hook drains it, so no metric is lost at exit.
+# writes in order; the executor's own exit hook drains it, and what is still buffered then is
+# written by the exit's `end_run`, so no metric is lost at exit.
 _WRITER: list[ThreadPoolExecutor] = []  # made with the first metric, not at import
+BATCH_S = 1.0          # a run's metrics go out at most this often (`log_metrics`)
+MAX_PER_BATCH = 1000   # MLflow's limit on the metrics of one log_batch
+_BUFFER: dict[tuple[str, str], tuple[PipelineConfig, list]] = {}  # (tracking uri, run id) -> rows not yet sent
+_SENT_AT: dict[tuple[str, str], float] = {}
+_LOCK = threading.Lock()
 
 
 def _writer() -> ThreadPoolExecutor:
@@ -28,20 +35,56 @@ def _writer() -> ThreadPoolExecutor:
 def log_metrics(cfg: PipelineConfig, run_id: str, metrics: dict[str, float], step: int) -> None:
     """Queue the step's metrics: the training loop does not wait for the tracking store.
     `flush_metrics` waits for them; `end_run` calls it, so a run never ends with a metric
-    missing, and a write that failed raises there."""
+    missing, and a write that failed raises there.
+
+    A run's metrics go out at most once every `BATCH_S`: those logged sooner wait for the next
+    call, and then leave in one `log_batch`. Each write is SQLAlchemy work on a Python thread
+    that takes the interpreter from the decode loop (measured: 6.3 ms a step at one step a write,
+    3.5 ms at three); a step slower than `BATCH_S` still writes its metrics at once."""
     now = int(time.time() * 1000)
-    batch = [Metric(_metric_key(k), float(v), now, step) for k, v in metrics.items() if v is not None]
-    if not batch:
+    rows = [[_metric_key(k), float(v), now, step] for k, v in metrics.items() if v is not None]
+    if not rows:
         return
-    rows = [[m.key, m.value, m.timestamp, m.step] for m in batch]
-    op = write(cfg, run_id, "metrics", lambda: _writer().submit(client(cfg).log_batch, run_id, metrics=batch),
-                metrics=rows)
+    key = (tracking_uri(cfg), run_id)
+    with _LOCK:
+        _BUFFER.setdefault(key, (cfg, []))[1].extend(rows)
+        if time.monotonic() - _SENT_AT.get(key, float("-inf")) >= BATCH_S:
+            _send(key)
+
+
+def _send(key: tuple[str, str]) -> None:
+    """Hand a run's buffered metrics to the writer thread (under `_LOCK`)."""
+    cfg, rows = _BUFFER.pop(key)
+    _SENT_AT[key] = time.monotonic()
+    run_id = key[1]
+    op = write(cfg, run_id, "metrics", lambda: _submit(_log_batches, client(cfg), run_id, rows), metrics=rows)
     if op is not None:
         _PENDING.append((op, cfg, run_id, rows))
 
 
+def _submit(fn, *args) -> Future:
+    try:
+        return _writer().submit(fn, *args)
+    except RuntimeError:  # the interpreter is exiting and the executor takes no more work: write here
+        done = Future()
+        try:
+            done.set_result(fn(*args))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+
+def _log_batches(c, run_id: str, rows: list) -> None:
+    for i in range(0, len(rows), MAX_PER_BATCH):
+        c.log_batch(run_id, metrics=[Metric(*r) for r in rows[i:i + MAX_PER_BATCH]])
+
+
 def flush_metrics() -> None:
-    """Wait for the queued metric writes; those the server never got (it went down) are spooled."""
+    """Send what is buffered and wait for the queued metric writes; those the server never got
+    (it went down) are spooled."""
+    with _LOCK:
+        for key in list(_BUFFER):
+            _send(key)
     while _PENDING:
         op, cfg, run_id, rows = _PENDING.pop(0)
         try:

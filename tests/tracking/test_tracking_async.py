@@ -55,3 +55,26 @@ def test_mlflow_own_async_logger_is_not_used(tmp_path):
     tracking.log_metrics(cfg, run_id, {"loss": 1.0}, 1)
     tracking.end_run(cfg, run_id)
     assert tracking.client(cfg)._tracking_client.store._async_logging_queue.is_idle()
+
+
+def test_metrics_logged_within_a_second_leave_in_one_write_and_a_slow_step_writes_at_once(tmp_path, monkeypatch):
+    cfg = PipelineConfig.model_validate({"name": "t", "run_dir": str(tmp_path / "run"),
+                                         "tracking": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}})
+    run_id = tracking.start_run(cfg, "rl")
+    monkeypatch.setattr(tracking.metrics, "BATCH_S", 3600.0)  # every step "within the second"
+    for step in range(1, 301):
+        tracking.log_metrics(cfg, run_id, {"loss": float(step), "reward/mean": step / 300}, step)
+    assert len(tracking.metrics._PENDING) == 1  # the first step went out; 299 wait in the buffer
+    monkeypatch.setattr(tracking.metrics, "BATCH_S", 0.0)  # steps slower than the interval: each at once
+    tracking.log_metrics(cfg, run_id, {"loss": 301.0}, 301)
+    assert len(tracking.metrics._PENDING) == 2 and not tracking.metrics._BUFFER
+    tracking.metrics._PENDING[-1][0].result()
+    history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 302))  # 600 metrics in one write (MLflow's limit is 1000)
+    monkeypatch.setattr(tracking.metrics, "BATCH_S", 3600.0)
+    for step in range(302, 1002):  # 1,400 buffered metrics: sent in two writes at the run's end
+        tracking.log_metrics(cfg, run_id, {"loss": float(step), "reward/mean": step / 300}, step)
+    tracking.end_run(cfg, run_id)
+    assert not tracking.metrics._PENDING and not tracking.metrics._BUFFER
+    history = MlflowClient(cfg.tracking.tracking_uri).get_metric_history(run_id, "reward/mean")
+    assert sorted(m.step for m in history) == [s for s in range(1, 1002) if s != 301]
