@@ -37,8 +37,8 @@ class RolloutConfig(Strict):
                                                        "group's samples never depend on the worker count; 1: each "
                                                        "group alone")
     publish_full_every: int = Field(100, ge=1, description="a new weights version reaches rollout workers in "
-                                    "another process (Ray, the async sampler) as the elements that changed in their "
-                                    "dtype (model.dtype), with a full copy every this many versions; 1: always full")
+                                    "another process (Ray, the async sampler, a vLLM engine) as the elements that "
+                                    "changed in their dtype, with a full copy every this many versions; 1: always full")
     multi_turn: MultiTurnConfig | None = Field(None, description="trajectories of several turns with tools or an "
                                                "environment (hf engine); absent: one completion a prompt")
     logprobs: Literal["forward", "decode"] = Field(

@@ -1,7 +1,13 @@
-"""vLLM: buckets of (name, CPU tensor) pairs pushed into a resident engine by the name of the
-method hindsight adds to vLLM's worker (`rollout.engines.vllm_weights`), through
-`LLM.collective_rpc`; vLLM's own serializer carries the tensors across its process boundary.
-The engine acks each bucket with the number of tensors it loaded."""
+"""vLLM: weights pushed into a resident engine by the names of the methods hindsight adds to
+vLLM's worker (`rollout.engines.vllm_weights`), through `LLM.collective_rpc`; vLLM's own
+serializer carries the tensors across its process boundary.
+
+The first version, every `full_every`-th and any the engine refused go whole, a bucket of
+(name, CPU tensor) pairs at a time, each with its checksum and acked with the number of tensors
+loaded; the engine then holds that version. Every other version is a delta against it
+(`transport.delta`): only the elements whose bits changed in the serving dtype, in one call. The
+engine checks its checksum and base version; a refusal is answered with the full copy at once,
+before anything is sampled, so the engine never serves mixed weights."""
 from __future__ import annotations
 
 import torch
@@ -9,22 +15,43 @@ import torch
 from hindsight.buckets import by_size
 from hindsight.errors import StageError
 from hindsight.transport.base import WeightSender
+from hindsight.transport.delta import Publication
+from hindsight.transport.payload import WeightVersion, checksum
 
 
 class VLLMSender(WeightSender):
-    def __init__(self, llm, bucket_bytes: int, weights_of):
-        """`weights_of(model)`: the (name, tensor) pairs the engine loads (a LoRA policy's merged weights)."""
+    def __init__(self, llm, bucket_bytes: int, weights_of, publication: Publication | None = None):
+        """`weights_of(model)`: the (name, tensor) pairs the engine loads (a LoRA policy's merged
+        weights); `publication` in the engine's dtype (what a delta is taken in)."""
         self.llm, self.bucket_bytes, self.weights_of = llm, bucket_bytes, weights_of
+        self.publication = publication or Publication()
 
     def publish(self, version: int, model) -> dict[str, float]:
-        sent = 0
-        for bucket in weight_buckets(self.weights_of(model), self.bucket_bytes):
-            loaded = self.llm.collective_rpc("hindsight_load_weights", args=(bucket,))
-            if any(n != len(bucket) for n in loaded):
-                raise StageError(f"vLLM loaded {loaded} of {len(bucket)} tensors of weights version {version}")
-            sent += sum(t.numel() * t.element_size() for _, t in bucket)
+        payload = self.publication.next(version, dict(self.weights_of(model)))
+        sent, refused = payload.nbytes, 0
+        if payload.base is None:
+            self._send_full(payload)
+        else:
+            why = [w for w in self.llm.collective_rpc("hindsight_apply_delta", args=(
+                payload.version, payload.base, payload.sha256, payload.tensors)) if w]
+            if why:  # a torn delta, or an engine that missed a version: the full copy, now
+                full = self.publication.full()
+                self._send_full(full)
+                sent, refused = sent + full.nbytes, len(why)
         self.llm.reset_prefix_cache()
-        return {"publish/bytes": float(sent)}
+        return {"publish/bytes": float(sent), "publish/delta": float(payload.base is not None),
+                "publish/resent_full": float(refused)}
+
+    def _send_full(self, payload: WeightVersion) -> None:
+        for bucket in weight_buckets(list(payload.tensors.items()), self.bucket_bytes):
+            loaded = self.llm.collective_rpc("hindsight_load_weights", args=(bucket, checksum(dict(bucket))))
+            if any(n != len(bucket) for n in loaded):
+                raise StageError(f"vLLM loaded {loaded} of {len(bucket)} tensors of weights version {payload.version}"
+                                 " (-1: the bucket failed its checksum)")
+        self.llm.collective_rpc("hindsight_hold_version", args=(payload.version,))
+
+    def close(self) -> None:
+        self.publication.held = None
 
 
 def weight_buckets(weights: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:

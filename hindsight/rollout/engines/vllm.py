@@ -65,7 +65,7 @@ class VLLM(Engine):
         super().__init__(ctx)
         v = ctx.settings
         self.engine = VLLMEngine(ctx.init_path, v.dtype, ctx.seed, v.gpu_memory_utilization, v.max_model_len,
-                                 ctx.bucket_mb)
+                                 ctx.bucket_mb, ctx.rollout.publish_full_every)
 
     def load_weights(self, policy) -> None:
         self.engine.load_weights(policy)
@@ -79,11 +79,13 @@ class VLLM(Engine):
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int,
-                 bucket_mb: float = 512.0):
+                 bucket_mb: float = 512.0, full_every: int = 100):
         VLLM.require()
+        import torch
         from vllm import LLM
 
         from hindsight.models.lora import engine_parameters
+        from hindsight.transport.delta import Publication
         from hindsight.transport.vllm import VLLMSender
 
         self.bucket_bytes = int(bucket_mb * 2**20)
@@ -91,13 +93,18 @@ class VLLMEngine:
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
                        worker_extension_cls=WEIGHT_RECEIVER)
-        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters)
+        # deltas are taken in the dtype the engine holds (`auto` follows the checkpoint): in bf16
+        # most elements do not move in a step
+        (serving,) = set(self.llm.collective_rpc("hindsight_dtype"))
+        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters,
+                                 Publication(getattr(torch, serving), full_every))
 
-    def load_weights(self, model) -> None:
-        """Push the policy's current weights into the resident engine (no restart, no disk), a
-        bucket at a time; a LoRA policy's merged weights."""
+    def load_weights(self, model) -> dict[str, float]:
+        """Push the policy's current weights into the resident engine (no restart, no disk): the
+        first version and every `full_every`-th a bucket at a time, the others as deltas
+        (`transport.vllm`); a LoRA policy's merged weights."""
         self.version += 1
-        self.sender.publish(self.version, model)
+        return self.sender.publish(self.version, model)
 
     def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int, stop_ids: tuple[int, ...] = ()) -> Experience:

@@ -9,7 +9,8 @@ llm_engine.py, v1/serial_utils.py, v1/worker/worker_base.py):
   callable included) raises vLLM's TypeError unless VLLM_ALLOW_INSECURE_SERIALIZATION=1;
 - `worker_extension_cls` (a qualified name) is mixed into the worker class, and a string method
   is looked up on the worker;
-- the worker's `model_runner.model.load_weights` takes (Hugging Face name, tensor) pairs.
+- the worker's `model_runner.model.load_weights` takes (Hugging Face name, tensor) pairs, and
+  `model_runner.model.parameters()` gives its weights (in vLLM it is an nn.Module).
 Sampling is transformers' greedy or seeded sampling, not vLLM's kernels.
 """
 from __future__ import annotations
@@ -69,6 +70,9 @@ class _HFModel:
         from transformers import AutoModelForCausalLM
 
         self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+    def parameters(self):  # vLLM's model is an nn.Module
+        return self.hf.parameters()
 
     def load_weights(self, weights) -> set:
         own = self.hf.state_dict()
