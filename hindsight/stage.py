@@ -116,20 +116,34 @@ def check_prompts(spec: StageSpec, cfg: PipelineConfig, paths: dict) -> None:
 
     tok = load_tokenizer(policy)
     context = getattr(AutoConfig.from_pretrained(policy), "max_position_embeddings", None)
+    render = _multi_turn_render(spec, cfg, tok, policy)
     for name in files:
         new = cfg.rl.rollout.max_new_tokens if name == "prompts" else cfg.eval.max_new_tokens
         cap = prompt_cap(cfg.data.max_prompt_tokens, context, new)
         what = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else f"model's context ({context}, less {new} to generate)"
         rows = load_rows(**cfg.data.reading(name, limit=cfg.eval.limit if name == "eval" else None))
-        check_prompt_lengths(rows, tok, cap, getattr(cfg.data, name), what)
-    mt = cfg.rl.rollout.multi_turn if spec.name == "rl" else None
-    if mt is not None and not mt.gym:  # tools are offered through the template: it must render them
-        from hindsight.rollout.multiturn.render import template_problem
+        check_prompt_lengths(rows, tok, cap, getattr(cfg.data, name), what, render)
 
+
+def _multi_turn_render(spec: StageSpec, cfg: PipelineConfig, tok, policy: str):
+    """For a multi-turn RL stage, how a trajectory's first prompt is rendered (through the chat
+    template, with the tools' schemas, which can take hundreds of tokens), once the template is
+    known to render tools; None for single-turn stages (`prompt_text`)."""
+    mt = cfg.rl.rollout.multi_turn if spec.name == "rl" else None
+    if mt is None:
+        return None
+    from hindsight.rollout.multiturn.render import first_prompt_text, template_problem
+    from hindsight.rollout.multiturn.setup import tool_schemas
+
+    if not mt.gym:  # tools are offered through the template: it must render them
         problem = template_problem(tok)
         if problem:
             raise ConfigError(f"rl.rollout.multi_turn.tools: {policy}: {problem}; use a model whose chat template "
                               f"supports tools (Qwen2.5-style), or a gym environment")
+    elif not getattr(tok, "chat_template", None):  # a gym's turns are rendered by it too
+        raise ConfigError(f"rl.rollout.multi_turn.gym: {policy}: the tokenizer has no chat template, and a "
+                          f"multi-turn rollout renders every turn through it; use a chat model")
+    return first_prompt_text(tok, tool_schemas(mt))
 
 
 def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str) -> dict:

@@ -96,7 +96,13 @@ class RLRun:
         mt = self.rl.rollout.multi_turn
         completion = mt.max_tokens if mt is not None else self.rl.rollout.max_new_tokens
         kept = self.ckpt.manifest().get("micro_batch_fit") if start else None
-        fit = self.learner.fit_budget(longest_prompt(rows, self.tok), completion, kept)
+        render = None
+        if mt is not None:  # the first prompt carries the tools' schemas: hundreds of tokens a user's prompt does not show
+            from hindsight.rollout.multiturn.render import first_prompt_text
+            from hindsight.rollout.multiturn.setup import tool_schemas
+
+            render = first_prompt_text(self.tok, tool_schemas(mt))
+        fit = self.learner.fit_budget(longest_prompt(rows, self.tok, render), completion, kept)
         say(f"micro_batch_tokens: auto -> {fit['budget']} ({fit['budget'] // fit['width']} rows of {fit['width']} "
               f"tokens; {fit['per_token_bytes'] / 2**10:.0f} KiB a token under a cap of {fit['cap_bytes'] / 2**20:.0f} "
               f"MiB{', from the checkpoint' if fit == kept else ''})")

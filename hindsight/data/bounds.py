@@ -18,12 +18,14 @@ def prompt_cap(max_prompt_tokens: int | None, context: int | None, new_tokens: i
     return context - new_tokens if context and context > new_tokens else None
 
 
-def check_prompt_lengths(rows: list[dict], tok, cap: int | None, source: str, what: str) -> None:
-    """Every row's prompt, as the model is prompted with it (the chat template applied), within `cap` tokens."""
+def check_prompt_lengths(rows: list[dict], tok, cap: int | None, source: str, what: str, render=None) -> None:
+    """Every row's prompt, as the model is prompted with it (the chat template applied; `render(prompt)`
+    when given: a multi-turn prompt with its tools' schemas), within `cap` tokens."""
     if not cap:
         return
+    render = render or (lambda prompt: prompt_text(tok, prompt))
     for i, row in enumerate(rows):
-        text = prompt_text(tok, row["prompt"])
+        text = render(row["prompt"])
         where = f"{source}:{i + 1}" if source.endswith(".jsonl") else f"{source} row {i}"
         if len(text) > cap * MAX_CHARS_PER_TOKEN:
             n = f"more than {cap}"
@@ -38,7 +40,9 @@ def check_prompt_lengths(rows: list[dict], tok, cap: int | None, source: str, wh
                         f"set data.max_prompt_tokens")
 
 
-def longest_prompt(rows: list[dict], tok) -> int:
-    """The most tokens any row's prompt takes, the chat template applied."""
-    texts = [prompt_text(tok, row["prompt"]) for row in rows]
+def longest_prompt(rows: list[dict], tok, render=None) -> int:
+    """The most tokens any row's prompt takes, the chat template applied (`render` as in
+    `check_prompt_lengths`)."""
+    render = render or (lambda prompt: prompt_text(tok, prompt))
+    texts = [render(row["prompt"]) for row in rows]
     return max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=1)

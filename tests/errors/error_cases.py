@@ -710,3 +710,8 @@ def _(ws, tmp):
 @case("template-without-tools")
 def _(ws, tmp):
     return _multi_turn(ws, tmp, tools=["mytools:add"])
+
+
+@case("gym-without-template")
+def _(ws, tmp):
+    return _multi_turn(ws, tmp, gym="mytools:GuessNumber")

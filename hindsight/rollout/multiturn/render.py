@@ -55,6 +55,13 @@ def first_prompt(tok, prompt, tools: list[dict], extra: str | None) -> list[int]
                                         tokenize=True, return_dict=False))
 
 
+def first_prompt_text(tok, tools: list[dict]):
+    """`render(prompt)` for the prompt-length checks: the text `first_prompt` tokenizes (the
+    environment's `reset` text, known only per trajectory, left out)."""
+    return lambda prompt: tok.apply_chat_template(opening(prompt, None), tools=tools or None, add_generation_prompt=True,
+                                                  tokenize=False)
+
+
 def bridge(tok, messages: list[dict], end_ids) -> list[int]:
     """The ids between a model turn's end token and the next model turn's first token: the
     template's rendering of `messages` (tool results, or the environment's user turn) and the

@@ -55,6 +55,12 @@ def episode_factory(mt):
     return lambda: ToolEpisode(tools, factory() if factory else None, f"{WHERE}.environment", mt.tool_timeout_s)
 
 
+def tool_schemas(mt) -> list[dict]:
+    """The schemas the template renders into a trajectory's first prompt (none for a gym
+    environment, which is offered no tools)."""
+    return [] if mt.gym else episode_factory(mt)().toolbox.schemas
+
+
 def turn_settings(rollout) -> TurnSettings:
     mt = rollout.multi_turn
     return TurnSettings(max_turns=mt.max_turns, max_tokens=mt.max_tokens, max_new_tokens=rollout.max_new_tokens,

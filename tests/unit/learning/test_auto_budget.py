@@ -178,3 +178,31 @@ def test_a_probe_that_runs_out_of_memory_ends_the_probing(monkeypatch):
     monkeypatch.setattr(fitting, "_probe_rows", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("forced")))
     with pytest.raises(ConfigError, match="one row of 128 tokens ran out of memory"):
         fit_budget(model, opt, PROMPT, COMPLETION, cap, ROWS)
+
+
+def test_a_multi_turn_run_fits_for_its_first_prompt_with_the_tools_schemas(tmp_path):
+    """The template renders the tools' schemas into a trajectory's first prompt (here ~100 tokens
+    of JSON): the widest row is that prompt plus `multi_turn.max_tokens`, not the user's prompt."""
+    from hindsight.coordination.run import RLRun
+    from hindsight.data.bounds import longest_prompt
+    from hindsight.data.demo import build_demo_data
+    from hindsight.data.rows import load_rows
+    from hindsight.models.source import resolve_model_path
+    from hindsight.rollout.multiturn.render import first_prompt_text
+    from hindsight.rollout.multiturn.setup import tool_schemas
+    from tests.helpers import rl_cfg
+
+    build_demo_data(tmp_path / "data", seed=0)
+    init = resolve_model_path("tiny://qwen2-tools", tmp_path / "models")
+    mt = {"tools": ["tests.unit.rollout.multiturn_envs.games:add"], "isolation": "in_process", "max_tokens": 24}
+    cfg = rl_cfg(tmp_path, rollout={"max_new_tokens": 4, "multi_turn": mt},
+                 learner={"micro_batch_tokens": "auto", "memory_cap_mb": 64000})
+    run = RLRun(cfg, init, None)
+    try:
+        prompts = load_rows(**cfg.data.reading("prompts"))
+        schemas = tool_schemas(cfg.rl.rollout.multi_turn)
+        with_tools = longest_prompt(prompts, run.tok, first_prompt_text(run.tok, schemas))
+        assert with_tools > longest_prompt(prompts, run.tok, first_prompt_text(run.tok, [])) + 20
+        assert run.learner.budget_fit["width"] == with_tools + 24
+    finally:
+        run.close()
