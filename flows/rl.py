@@ -37,20 +37,22 @@ def rl_story(ctx: StageContext) -> StageOutput:
     from tasks.rl import close_run, evaluate_task, get_run, open_run
 
     cfg, run_id = ctx.cfg, ctx.run_id
-    key = open_run(cfg, ctx.inputs["rl.init"], ctx.inputs["reward_model"])
-    try:
-        run = get_run(key)
-        check_not_finished(run.dir, run.start_step, cfg.rl.steps)
-        append_line(run.paths.run_ids, run_id)  # `hindsight report RUN_ID` reads a folder only if it says so
-        tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
-        tracking.log_decoding(cfg, run_id, run.decoding)
-        _announce_resume(cfg, run_id, run)
-        _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
-        _steps(cfg, key, run_id, run.start_step)
-        final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
-        policy_dir, init_path = run.ckpt.policy_dir(cfg.rl.steps), run.init_path
-    finally:
-        close_run(key)
+    # from the first model load on: a node reclaimed while the run starts stops cleanly too
+    with Preemption() as preemption:
+        key = open_run(cfg, ctx.inputs["rl.init"], ctx.inputs["reward_model"])
+        try:
+            run = get_run(key)
+            check_not_finished(run.dir, run.start_step, cfg.rl.steps)
+            append_line(run.paths.run_ids, run_id)  # `hindsight report RUN_ID` reads a folder only if it says so
+            tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
+            tracking.log_decoding(cfg, run_id, run.decoding)
+            _announce_resume(cfg, run_id, run)
+            _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
+            _steps(cfg, key, run_id, run.start_step, preemption)
+            final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
+            policy_dir, init_path = run.ckpt.policy_dir(cfg.rl.steps), run.init_path
+        finally:
+            close_run(key)
 
     def compare(run_id: str) -> None:
         from tracking.lookback import compare_versions
@@ -81,12 +83,14 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
     return export_adapter(policy_dir, export, base), {**tags, "hindsight.base_model": base}
 
 
-def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
+def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: Preemption) -> None:
     from hindsight.state.checkpoint import checkpoint_spans
     from tasks.rl import evaluate_task, get_run, steps_task
 
+    if preemption.requested:  # while the run started: nothing was trained that a checkpoint lacks
+        raise Preempted(f"preempted by {preemption.name()} before step {start} of {cfg.rl.steps}: nothing was "
+                        f"trained yet; rerun the same command to resume from step {start}", preemption.received)
     progress = StepProgress("rl", cfg.rl.steps, start)
-    preemption = Preemption()
 
     def after_step(step: int, out: dict) -> None:
         """After each step: evaluate when due, record replayed prompts, show progress, watch; on
@@ -110,9 +114,8 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int) -> None:
     steps_run = steps_task.with_options(retries=cfg.retries.count, retry_delay_seconds=cfg.retries.delay_s,
                                         retry_condition_fn=lambda *a: transient(*a) and not get_run(key).updating)
     try:
-        with preemption:
-            for first, last in checkpoint_spans(start, cfg.rl.steps, cfg.rl.save_every):
-                steps_run(key, first, last, after_step)
+        for first, last in checkpoint_spans(start, cfg.rl.steps, cfg.rl.save_every):
+            steps_run(key, first, last, after_step)
     finally:
         progress.close()
 

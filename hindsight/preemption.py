@@ -1,8 +1,9 @@
 """Preemption: a reclaimed cloud or Kubernetes node sends SIGTERM and waits a grace period.
 
-While the RL steps run, the first SIGTERM (or SIGINT) only asks for a stop: the step in flight
-finishes, a complete checkpoint of it is written, and the stage ends with `Preempted` (exit 1)
-saying how to resume. A second signal exits at once (status 128 + signal); the newest complete
+From the RL stage's first model load, the first SIGTERM (or SIGINT) only asks for a stop: the
+step in flight finishes, a complete checkpoint of it is written (or, before the first step,
+nothing is trained), and the stage ends with `Preempted` (exit 128 + the signal) saying how to
+resume. A second signal exits at once (status 128 + signal); the newest complete
 checkpoint still stands, as every checkpoint is committed atomically. Handlers can only be set
 in the main thread: elsewhere the guard does nothing and the default behaviour stays.
 """

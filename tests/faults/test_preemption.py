@@ -103,9 +103,14 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_rerun_ends_allclose(work
 
 
 def test_a_second_signal_exits_at_once_and_the_last_checkpoint_stands(workspace):
+    """The signals land while the run starts (its models loaded, the first evaluation not yet
+    done): the guard holds from the first model load, not only around the steps."""
     work, env = workspace
     proc = _start(work, env, "twice")
-    _wait_for_step(work, proc, "twice", 1)
+    started = work / "runs" / "twice" / "rl" / "mlflow_run_ids"  # written once the models are loaded
+    while not started.exists():
+        assert proc.poll() is None, (work / "twice.log").read_text()[-3000:]
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=300)
