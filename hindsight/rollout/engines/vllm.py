@@ -96,8 +96,10 @@ class VLLMEngine:
         # deltas are taken in the dtype the engine holds (`auto` follows the checkpoint): in bf16
         # most elements do not move in a step
         (serving,) = set(self.llm.collective_rpc("hindsight_dtype"))
-        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters,
-                                 Publication(getattr(torch, serving), full_every))
+        held = getattr(torch, serving, None)
+        if not (isinstance(held, torch.dtype) and held.is_floating_point):  # quantized weights: deltas in
+            held = None                                                     # the policy's own dtype
+        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters, Publication(held, full_every))
 
     def load_weights(self, model) -> dict[str, float]:
         """Push the policy's current weights into the resident engine (no restart, no disk): the
