@@ -13,19 +13,26 @@ import torch
 STANDIN = Path(__file__).resolve().parents[1] / "standin"
 
 
-@pytest.fixture
-def engine(tmp_path, monkeypatch):
+def _standin(tmp_path, monkeypatch, dtype: str, hidden: int, bucket_mb: float, receiver: str | None = None):
+    """The stand-in engine in its own process, on a tiny Qwen2; stopped and forgotten after the test."""
     from hindsight.models.tiny import build_tiny_qwen2
     from hindsight.rollout.engines import vllm as backend
 
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), *sys.path]))  # the engine process's imports
     monkeypatch.setattr(backend, "vllm_problem", lambda: None)  # the stand-in needs no GPU
-    init = build_tiny_qwen2(tmp_path / "init", hidden=32, layers=2)
-    eng = backend.VLLMEngine(str(init), "float32", 0, 0.5, 256, bucket_mb=0.02)
+    if receiver:
+        monkeypatch.setattr(backend, "WEIGHT_RECEIVER", receiver)
+    init = build_tiny_qwen2(tmp_path / "init", hidden=hidden, layers=2)
+    eng = backend.VLLMEngine(str(init), dtype, 0, 0.5, 256, bucket_mb=bucket_mb)
     yield eng, init
     eng.llm.llm_engine.engine_core.proc.kill()
     sys.modules.pop("vllm", None)  # else find_spec("vllm") would find the stand-in for later tests
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    yield from _standin(tmp_path, monkeypatch, "float32", hidden=32, bucket_mb=0.02)
 
 
 def greedy(engine, tok, prompt):
@@ -62,18 +69,8 @@ def test_pushed_weights_reach_an_engine_in_its_own_process(engine):
 @pytest.fixture
 def bf16_engine(tmp_path, monkeypatch):
     """The stand-in engine in bf16 with a receiver a test can read back."""
-    from hindsight.models.tiny import build_tiny_qwen2
-    from hindsight.rollout.engines import vllm as backend
-
-    monkeypatch.syspath_prepend(str(STANDIN))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), *sys.path]))
-    monkeypatch.setattr(backend, "vllm_problem", lambda: None)
-    monkeypatch.setattr(backend, "WEIGHT_RECEIVER", "readback.ReadbackReceiver")
-    init = build_tiny_qwen2(tmp_path / "init", hidden=64, layers=2)
-    eng = backend.VLLMEngine(str(init), "bfloat16", 0, 0.5, 256, bucket_mb=0.05, full_every=100)
-    yield eng, init
-    eng.llm.llm_engine.engine_core.proc.kill()
-    sys.modules.pop("vllm", None)
+    yield from _standin(tmp_path, monkeypatch, "bfloat16", hidden=64, bucket_mb=0.05,
+                        receiver="readback.ReadbackReceiver")
 
 
 def _same_bits(eng, policy) -> bool:
