@@ -45,9 +45,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
-    """`durable=False` skips the fsync: the write is still atomic against a crashed process, but
-    a power cut may lose it. For bookkeeping that the newest checkpoint can rebuild (the ledger)."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -58,8 +56,7 @@ def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
                 raise enospc(tmp)
             fh.write(data)
             fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         raise _storage_error(path, exc) from exc
@@ -74,8 +71,8 @@ def _storage_error(path: Path, exc: OSError) -> StorageError:
                         f"complete state is kept: fix the cause and rerun the same command to resume")
 
 
-def atomic_write_json(path: Path, obj, durable: bool = True) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode("utf-8"), durable)
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def atomic_dir(final: Path, fill) -> Path:
@@ -116,6 +113,26 @@ def append_line(path: Path, line: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line.rstrip("\n") + "\n")
+    except OSError as exc:
+        raise _storage_error(path, exc) from exc
+
+
+def append_record(path: Path, obj) -> None:
+    """Append `obj` as one compact JSON line to a journal, in one write. The line starts with a
+    newline, so a record after a torn one (a crash mid-append) still stands on a line of its own."""
+    path = Path(path)
+    data = ("\n" + json.dumps(obj, sort_keys=True, separators=(",", ":"))).encode("utf-8")
+    try:
+        if disk_full(path):
+            raise enospc(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        append_record(path, obj)
     except OSError as exc:
         raise _storage_error(path, exc) from exc
 

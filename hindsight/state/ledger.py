@@ -2,26 +2,32 @@
 
     pending -> leased (worker, expiry) -> sealed (its rollout part is on disk) -> scored -> trained
 
-One JSON file per step under `rl/ledger/`, rewritten atomically on every transition by the
-coordinator only (workers report to it; they never write the ledger), so a crash leaves the
-previous complete state. A lease whose worker died, or whose expiry passed, goes back to
+One file per step under `rl/ledger/`, a journal: each transition appends the step's whole new
+state as one JSON line, written by the coordinator only (workers report to it; they never write
+the ledger). The newest line that parses is the state, so a crash that tears the append leaves
+the previous complete state. Appending replaced an atomic rewrite (a temporary file renamed over
+the old one) because on ext4 a rename over an existing file makes the kernel write the new
+file's blocks out at once (`auto_da_alloc`): 0.35-0.7 ms a write here against ~0.02 ms for an
+append, five times a step. A lease whose worker died, or whose expiry passed, goes back to
 pending and is issued again; the group's seed does not change, so whoever generates it
 produces the same samples. A transition that would train a group twice is refused.
 """
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from hindsight.errors import CheckpointError
-from hindsight.fsutil import atomic_write_json, read_json
+from hindsight.errors import CheckpointError, StorageError
+from hindsight.fsutil import append_record
 from hindsight.state.rundir import RLDir
 
 STATES = ("pending", "leased", "sealed", "scored", "trained")
 # the transitions the coordinator may make; leased -> pending is a lease taken back
 ALLOWED = {("pending", "leased"), ("leased", "sealed"), ("leased", "pending"), ("pending", "sealed"),
            ("sealed", "scored"), ("scored", "trained"), ("trained", "scored")}
+_REMEMBERED = 8
 
 
 @dataclass
@@ -36,18 +42,42 @@ class Entry:
 class Ledger:
     def __init__(self, rl_dir: str | Path):
         self.root = RLDir(rl_dir).ledger
+        self._seen: dict[int, tuple[tuple, dict]] = {}  # step -> (file identity, its newest state)
 
     def path(self, step: int) -> Path:
         return self.root / f"step-{step:06d}.json"
 
     def read(self, step: int) -> dict[int, Entry]:
-        raw = read_json(self.path(step), default=None) or {}
-        return {int(g): Entry(**e) for g, e in raw.items()}
+        return {int(g): Entry(**e) for g, e in self._state(step).items()}
+
+    def _state(self, step: int) -> dict:
+        """The step's newest state. What this process last read or wrote is kept with the file's
+        identity (inode, size, mtime), so a read of an unchanged file parses nothing."""
+        path = self.path(step)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return {}
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        seen = self._seen.get(step)
+        if seen is not None and seen[0] == key:
+            return seen[1]
+        state = newest_record(path)
+        self._remember(step, state)
+        return state
 
     def _write(self, step: int, entries: dict[int, Entry]) -> None:
-        # atomic but not fsynced (5 transitions a step): after a power cut a resume rolls the
-        # ledger back to the newest checkpoint anyway (`roll_back_after`), which is fsynced
-        atomic_write_json(self.path(step), {str(g): asdict(e) for g, e in sorted(entries.items())}, durable=False)
+        # not fsynced (5 transitions a step): after a power cut a resume rolls the ledger back to
+        # the newest checkpoint anyway (`roll_back_after`), which is fsynced
+        state = {str(g): dict(vars(e)) for g, e in sorted(entries.items())}  # not asdict: it deep-copies
+        append_record(self.path(step), state)
+        self._remember(step, state)
+
+    def _remember(self, step: int, state: dict) -> None:
+        st = self.path(step).stat()
+        self._seen[step] = ((st.st_ino, st.st_size, st.st_mtime_ns), state)
+        while len(self._seen) > _REMEMBERED:  # the steps in flight, not the run's history
+            self._seen.pop(next(iter(self._seen)))
 
     def open(self, step: int, groups: list[int]) -> dict[int, Entry]:
         """The step's entries, adding any of `groups` not yet known as pending."""
@@ -96,6 +126,7 @@ class Ledger:
     def forget(self, step: int) -> None:
         """A step whose rollout shard was corrupt is sampled again: its groups start over as pending."""
         self.path(step).unlink(missing_ok=True)
+        self._seen.pop(step, None)
 
     def steps(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.root.glob("step-*.json")) if self.root.exists() else []
@@ -109,3 +140,24 @@ class Ledger:
                 trained = self.in_state(s, "trained")
                 if trained:
                     self.move(s, trained, "scored")
+
+
+def newest_record(path: Path) -> dict:
+    """The last line of a journal that parses as a JSON object: a torn append (a crash mid-write)
+    leaves a prefix of a line, which never parses as a whole object, so the state before it is
+    read. A file written whole before the journal (one indented JSON object) reads as itself."""
+    text = path.read_text(encoding="utf-8")
+    for line in reversed(text.split("\n")):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                return record
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        raise StorageError(f"{path}: no complete ledger state in it (corrupt); restore it or move the run "
+                           f"directory aside") from None
+    return record if isinstance(record, dict) else {}

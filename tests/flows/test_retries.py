@@ -19,6 +19,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from hindsight.data.demo import build_demo_data
 from hindsight.models.tiny import build_tiny_model
+from hindsight.state.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +117,5 @@ def test_a_failed_rollout_is_retried_as_its_steps_task_and_re_leases_its_work(wo
         assert [s.name for s in client.read_task_run_states(retried[0].id)][-2:] == ["Retrying", "Completed"]
     _, mlflow_runs = _rl_runs(env)
     assert [r.data.tags["hindsight.attempt"] for r in mlflow_runs] == ["1"]  # the stage itself never retried
-    import json
-
-    ledger = json.loads((work / "runs" / name / "rl" / "ledger" / "step-000001.json").read_text())
-    assert [e["leases"] for e in ledger.values()] == [1, 1] and [e["trained"] for e in ledger.values()] == [1, 1]
+    ledger = Ledger(work / "runs" / name / "rl").read(1)
+    assert [e.leases for e in ledger.values()] == [1, 1] and [e.trained for e in ledger.values()] == [1, 1]
