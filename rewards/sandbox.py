@@ -8,7 +8,8 @@
 - processes: a new PID namespace. When the program's main process exits, or the run times
   out, bubblewrap's init dies and the kernel kills everything left in the namespace;
 - the user: when hindsight runs as root, the sandbox runs as an unprivileged uid *outside*
-  the namespace too (`uid_base` + a counter), so root's files are not its files;
+  the namespace too, one no other live sandbox on the host holds (`rewards/uids.py`), so
+  root's files are not its files and one sandbox cannot signal another's programs;
 - the network: a new network namespace with no interface (no loopback server, no TCP,
   unix sockets only on the private tmpfs), and no IPC or UTS shared with the host;
 - resources: rlimits on CPU seconds, address space, processes, file size and open files
@@ -24,7 +25,6 @@ for trusted code on machines without user namespaces, and only when a config say
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import secrets
@@ -41,10 +41,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from rewards import cgroup
+from rewards.uids import UidClaim
 
 MODES = ("bwrap", "unsafe-local")
 _HARNESS = (Path(__file__).with_name("harness.py")).read_text(encoding="utf-8")
-_UIDS = itertools.count()  # each run its own uid: rlimits on processes are per uid
 # Enters the memory cgroup before anything of the sandbox exists (every later process is born in
 # it: no race with a fork), then drops to the sandbox's uid and execs bwrap (or the harness).
 _ENTER = ("import os, sys\n"
@@ -192,7 +192,7 @@ class Sandbox:
         self._order: list[dict] = []
         self._inbox: list[tuple[dict, bytes]] = []
         self._outbox = bytearray()
-        self.group = None
+        self.group = self.claim = None
 
     def __enter__(self) -> "Sandbox":
         self._open()
@@ -209,6 +209,9 @@ class Sandbox:
         fds = (write_end, req_read, info_write)
         try:
             self.proc = self._spawn(write_end, req_read, info_write, fds)
+        except BaseException:
+            self._release()
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
@@ -236,7 +239,9 @@ class Sandbox:
         else:
             argv, cwd = [sys.executable, "-I", "-c", _HARNESS, self.role, str(write_end), str(req_read)], self.workdir
             env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.workdir}
-        uid = self.limits.uid_base + next(_UIDS) % 4096 if os.geteuid() == 0 and self.mode == "bwrap" else None
+        if os.geteuid() == 0 and self.mode == "bwrap":  # each run its own uid: rlimits on processes are per uid
+            self.claim = UidClaim(self.limits.uid_base)
+        uid = self.claim.uid if self.claim else None
         self.group = self._memory_group()
         if self.group is not None:  # the launcher enters the group, then drops to the uid and execs
             argv, uid = [sys.executable, "-I", "-c", _ENTER, self.group.procs, str(-1 if uid is None else uid),
@@ -350,8 +355,7 @@ class Sandbox:
                                         self.truncated or self.overflowed, self.mode, self._order,
                                         self.group.oom_killed() if self.group else False)
         finally:
-            if self.group is not None:
-                self.group.close()
+            self._release()
             for fd in (self.channel, self.info):
                 try:
                     os.close(fd)
@@ -359,6 +363,13 @@ class Sandbox:
                     pass
             if self.workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _release(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        if self.claim is not None:
+            self.claim.release()  # after the kill: no process of the run holds the uid now
+        self.group = self.claim = None
 
 
 def _init_pid(info: bytes) -> int | None:

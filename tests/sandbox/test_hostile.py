@@ -4,10 +4,12 @@ Each runs through the code reward (`code_tests`) exactly as RL scoring calls it.
 score, each test checks the host afterwards: the sentinel process lives, no file appeared,
 the project is unchanged, no socket got a byte, and no process of the sandbox's uids is left.
 """
+import fcntl
 import hashlib
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,6 +19,7 @@ import pytest
 
 from rewards.code import code_tests
 from rewards.sandbox import Limits, isolation_problem, run_python
+from rewards.uids import claims_folder
 from tests.sandbox.hostile import ADD, PROGRAMS, TEST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +46,28 @@ def _sandbox_processes() -> list[int]:
                 continue
             if UID_BASE <= uid < UID_BASE + 4096 and state != "Z":
                 out.append(int(entry))
+    return out
+
+
+def _leftover_sandbox_processes() -> list[int]:
+    """Sandbox processes whose run has ended: their uid is not claimed by a live sandbox (a run
+    holds its uid's claim until its processes are killed). Another test process's sandboxes,
+    running at the same time under pytest-xdist, hold theirs, so they are not counted."""
+    folder = claims_folder()
+    out = []
+    for pid in _sandbox_processes():
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except FileNotFoundError:
+            continue
+        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            out.append(pid)  # nobody holds it: the run that used it is over
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
     return out
 
 
@@ -104,7 +129,7 @@ def _assert_host_untouched(host, mark: str, before: str) -> None:
     assert _tree_hash() == before, "the project's source changed"
     assert not any(mark.encode() in r for r in host["received"]), "a host socket received data"
     assert not list(Path("/tmp").glob(f"{mark}*")) and not Path(f"/usr/{mark}").exists()
-    assert _sandbox_processes() == [], "a process of the sandbox outlived its run"
+    assert _leftover_sandbox_processes() == [], "a process of the sandbox outlived its run"
 
 
 def test_there_are_at_least_twenty_hostile_programs():
@@ -137,10 +162,10 @@ def test_a_killed_reward_worker_leaves_no_sandbox_behind(tmp_path):
     worker.kill()
     worker.wait()
     for _ in range(50):
-        if not _sandbox_processes():
+        if not _leftover_sandbox_processes():
             break
         time.sleep(0.1)
-    assert _sandbox_processes() == []
+    assert _leftover_sandbox_processes() == []
 
 
 def test_the_sandbox_runs_as_an_unprivileged_uid_outside_the_namespace_too():
@@ -150,6 +175,30 @@ def test_the_sandbox_runs_as_an_unprivileged_uid_outside_the_namespace_too():
         assert int(uid) >= UID_BASE and int(gid) >= UID_BASE and groups.strip() == "[]"
     else:
         assert int(uid) == os.geteuid()
+
+
+WHO_LONG = ("import subprocess, sys\nfrom rewards.sandbox import Limits, run_python\n"
+            "print(run_python('import os, time\\nprint(os.getuid(), flush=True)\\ntime.sleep(4)\\n', "
+            "Limits(timeout_s=20)).stdout.strip(), flush=True)\n")
+
+
+def test_two_processes_sandboxes_at_once_run_as_two_uids():
+    """Each process used to count uids from the same first one: two reward workers' programs ran
+    as one user, sharing its process limit and able to signal each other."""
+    other = subprocess.Popen([sys.executable, "-c", WHO_LONG], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(100):  # until the other's program is running
+            if _sandbox_processes() or other.poll() is not None:
+                break
+            time.sleep(0.1)
+        mine = int(run_python("import os\nprint(os.getuid())\n").stdout)
+        theirs = int(other.communicate(timeout=60)[0])
+    finally:
+        other.kill()
+    if os.geteuid() == 0:
+        assert mine != theirs and min(mine, theirs) >= UID_BASE
+    else:
+        assert mine == theirs == os.geteuid()
 
 
 def test_every_forging_family_scores_zero_through_the_rl_scoring_path():
@@ -206,4 +255,4 @@ def test_a_hanging_python_tool_call_is_an_error_turn_after_its_timeout():
     tools = Toolbox([Tool(ToolSandbox().python_tool(2.0), "test", "in_process", 60.0)])
     turn = tools.call(ToolCall("python", {"code": "import time\ntime.sleep(120)\n"}))
     assert turn.error and "ran past 2 s" in turn.content and turn.seconds < 30
-    assert _sandbox_processes() == []
+    assert _leftover_sandbox_processes() == []
