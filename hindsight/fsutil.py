@@ -125,14 +125,13 @@ def append_record(path: Path, obj) -> None:
     try:
         if disk_full(path):
             raise enospc(path)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
         finally:
             os.close(fd)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        append_record(path, obj)
     except OSError as exc:
         raise _storage_error(path, exc) from exc
 

@@ -21,7 +21,9 @@ _START = itertools.count(os.getpid() * 37)
 
 def claims_folder() -> Path:
     """Root's own folder of claim files (0700): a folder another user made could be theirs to fill."""
-    folder = Path(tempfile.gettempdir()) / f"hindsight-sandbox-uids-{os.geteuid()}"
+    # one place for every process on the host: a TMPDIR of its own (set per job) would hide its claims
+    tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    folder = tmp / f"hindsight-sandbox-uids-{os.geteuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     if folder.stat().st_uid != os.geteuid():
         raise PermissionError(f"{folder}: owned by uid {folder.stat().st_uid}, not by this user")
