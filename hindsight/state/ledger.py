@@ -146,7 +146,7 @@ def newest_record(path: Path) -> dict:
     """The last line of a journal that parses as a JSON object: a torn append (a crash mid-write)
     leaves a prefix of a line, which never parses as a whole object, so the state before it is
     read. A file written whole before the journal (one indented JSON object) reads as itself."""
-    text = path.read_text(encoding="utf-8")
+    text = path.read_bytes().decode("utf-8", "replace")  # records are ASCII: bad bytes fail their line only
     for line in reversed(text.split("\n")):
         if line.strip():
             try:

@@ -67,8 +67,8 @@ def test_a_torn_append_leaves_the_state_before_it_and_later_transitions_land(tmp
     ledger = Ledger(tmp_path)
     ledger.open(0, [0, 1])
     ledger.move(0, [0, 1], "leased", worker="w", ttl_s=60)
-    with open(ledger.path(0), "a") as fh:  # a crash mid-append: a prefix of the next state's line
-        fh.write('\n{"0":{"expiry":null,"leases":1,"state":"sea')
+    with open(ledger.path(0), "ab") as fh:  # a crash mid-append: a prefix of the next state's line
+        fh.write(b'\n{"0":{"expiry":null,"leases":1,"state":"sea\xff')  # and a byte that is not UTF-8
     fresh = Ledger(tmp_path)  # a resumed process: nothing remembered
     assert [e.state for e in fresh.read(0).values()] == ["leased", "leased"]
     fresh.move(0, [0], "sealed")
