@@ -38,17 +38,33 @@ class UidClaim:
         start = next(_START)
         for i in range(span):
             uid = base + (start + i) % span
-            fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.uid, self._fd = uid, fd
-            return
+            fd = _try_lock(folder, uid)
+            if fd >= 0:
+                self.uid, self._fd = uid, fd
+                return
         raise RuntimeError(f"every sandbox uid from {base} to {base + span - 1} is held by a live sandbox ({folder})")
 
     def release(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)  # closing the file drops the lock
             self._fd = -1
+
+
+def is_claimed(uid: int, folder: Path | None = None) -> bool:
+    """Whether a live process holds `uid` now (the probe's own lock is dropped at once)."""
+    fd = _try_lock(folder or claims_folder(), uid)
+    if fd < 0:
+        return True
+    os.close(fd)
+    return False
+
+
+def _try_lock(folder: Path, uid: int) -> int:
+    """The uid's claim file, open and exclusively locked; -1 when another holder has it."""
+    fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    return fd

@@ -4,7 +4,6 @@ Each runs through the code reward (`code_tests`) exactly as RL scoring calls it.
 score, each test checks the host afterwards: the sentinel process lives, no file appeared,
 the project is unchanged, no socket got a byte, and no process of the sandbox's uids is left.
 """
-import fcntl
 import hashlib
 import os
 import socket
@@ -19,7 +18,7 @@ import pytest
 
 from rewards.code import code_tests
 from rewards.sandbox import Limits, isolation_problem, run_python
-from rewards.uids import claims_folder
+from rewards.uids import is_claimed
 from tests.sandbox.hostile import ADD, PROGRAMS, TEST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,21 +52,14 @@ def _leftover_sandbox_processes() -> list[int]:
     """Sandbox processes whose run has ended: their uid is not claimed by a live sandbox (a run
     holds its uid's claim until its processes are killed). Another test process's sandboxes,
     running at the same time under pytest-xdist, hold theirs, so they are not counted."""
-    folder = claims_folder()
     out = []
     for pid in _sandbox_processes():
         try:
             uid = os.stat(f"/proc/{pid}").st_uid
         except FileNotFoundError:
             continue
-        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            out.append(pid)  # nobody holds it: the run that used it is over
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(fd)
+        if not is_claimed(uid):  # nobody holds it: the run that used it is over
+            out.append(pid)
     return out
 
 
