@@ -49,7 +49,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             if disk_full(path):
                 fh.write(data[: len(data) // 2])
@@ -110,7 +111,8 @@ def append_line(path: Path, line: str) -> None:
     """Append one line to a log (metrics, alerts). A crash can tear only the last line, which readers skip."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():  # a stat, not mkdir's failed create: this runs every step
+            path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line.rstrip("\n") + "\n")
     except OSError as exc:

@@ -30,7 +30,6 @@ import os
 import secrets
 import selectors
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from rewards import cgroup
+from rewards.reap import end_run, init_pid
 from rewards.uids import UidClaim
 
 MODES = ("bwrap", "unsafe-local")
@@ -346,7 +346,7 @@ class Sandbox:
             while self.pump():
                 self._inbox.clear()
             self.sel.close()
-            _kill(self.proc, _init_pid(bytes(self.streams[self.info])), ended=not self.over)
+            end_run(self.proc, init_pid(bytes(self.streams[self.info])), ended=not self.over)
             out, err = (bytes(self.streams[f.fileno()][: self.limits.output_bytes]).decode("utf-8", "replace")
                         for f in (self.proc.stdout, self.proc.stderr))
             self.proc.stdout.close()
@@ -370,62 +370,6 @@ class Sandbox:
         if self.claim is not None:
             self.claim.release()  # after the kill: no process of the run holds the uid now
         self.group = self.claim = None
-
-
-def _init_pid(info: bytes) -> int | None:
-    try:
-        return int(json.loads(info)["child-pid"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _kill(proc: subprocess.Popen, init_pid: int | None, ended: bool) -> None:
-    """End the run. Under bwrap, SIGKILL to the sandbox's init ends its PID namespace, every
-    process in it with it, and bwrap reaps it; killing bwrap first would leave that init to
-    the host's pid 1 (a zombie, in a container whose init does not reap)."""
-    if ended:
-        try:
-            proc.wait(timeout=2)  # everything closed its pipes: bwrap is about to exit by itself
-            _await_exit(init_pid)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    if init_pid is not None:
-        try:
-            os.kill(init_pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # unsafe-local: the session; under bwrap, a last resort
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    _await_exit(init_pid)
-
-
-def _await_exit(pid: int | None, grace_s: float = 1.0) -> None:
-    """bwrap can exit while its namespace init is still tearing down (a full tmpfs takes a
-    moment): return only once that init is gone, killing it after a grace period."""
-    if pid is None:
-        return
-    deadline, killed = time.monotonic() + grace_s, False
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return
-        if state == "Z":
-            return
-        if time.monotonic() > deadline:
-            if killed:
-                return  # stuck in the kernel; it holds no pipe of ours, and the kill is queued
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                return
-            deadline, killed = time.monotonic() + 5 * grace_s, True
-        time.sleep(0.005)
 
 
 def _message(line: bytes) -> dict | None:
