@@ -55,11 +55,12 @@ class ForkedCli:
         self.server.stdin.write(json.dumps({"args": args, "cwd": str(cwd), "env": self.env, "out": str(out),
                                             "err": str(err)}) + "\n")
         self.server.stdin.flush()
-        pid = json.loads(self._line(timeout))["pid"]
+        pid = json.loads(self._line(300))["pid"]  # the first waits for the server's imports
         try:
             rc = json.loads(self._line(timeout))["rc"]
         except subprocess.TimeoutExpired:
             os.kill(pid, signal.SIGKILL)
+            self._line(60)  # the killed child's status: the next case must not read it as its own
             raise
         return subprocess.CompletedProcess(["python", "-m", "cli", *args], rc, out.read_text(), err.read_text())
 
