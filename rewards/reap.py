@@ -18,20 +18,21 @@ def init_pid(info: bytes) -> int | None:
         return None
 
 
-def end_run(proc: subprocess.Popen, init_pid: int | None, ended: bool) -> None:
-    """End the run. Under bwrap, SIGKILL to the sandbox's init ends its PID namespace, every
-    process in it with it, and bwrap reaps it; killing bwrap first would leave that init to
-    the host's pid 1 (a zombie, in a container whose init does not reap)."""
+def end_run(proc: subprocess.Popen, init: int | None, ended: bool) -> None:
+    """End the run (`init`: the sandbox init's pid, when bwrap reported it). Under bwrap,
+    SIGKILL to that init ends its PID namespace, every process in it with it, and bwrap reaps
+    it; killing bwrap first would leave the init to the host's pid 1 (a zombie, in a container
+    whose init does not reap)."""
     if ended:
         try:
             proc.wait(timeout=2)  # everything closed its pipes: bwrap is about to exit by itself
-            await_exit(init_pid)
+            await_exit(init)
             return
         except subprocess.TimeoutExpired:
             pass
-    if init_pid is not None:
+    if init is not None:
         try:
-            os.kill(init_pid, signal.SIGKILL)
+            os.kill(init, signal.SIGKILL)
             proc.wait(timeout=5)
         except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
             pass
@@ -40,7 +41,7 @@ def end_run(proc: subprocess.Popen, init_pid: int | None, ended: bool) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-    await_exit(init_pid)
+    await_exit(init)
 
 
 def await_exit(pid: int | None, grace_s: float = 1.0) -> None:
