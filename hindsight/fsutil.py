@@ -45,12 +45,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _make_parent(path: Path) -> None:
+    """The file's folder, made if missing: a stat when it exists (these writes run every step),
+    not mkdir's failed create."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(path)
         with open(tmp, "wb") as fh:
             if disk_full(path):
                 fh.write(data[: len(data) // 2])
@@ -111,8 +117,7 @@ def append_line(path: Path, line: str) -> None:
     """Append one line to a log (metrics, alerts). A crash can tear only the last line, which readers skip."""
     path = Path(path)
     try:
-        if not path.parent.exists():  # a stat, not mkdir's failed create: this runs every step
-            path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(path)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line.rstrip("\n") + "\n")
     except OSError as exc:
@@ -127,8 +132,7 @@ def append_record(path: Path, obj) -> None:
     try:
         if disk_full(path):
             raise enospc(path)
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)

@@ -34,8 +34,10 @@ def warm() -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    import flows.pipeline  # noqa: F401  (and through it every stage flow, tasks and tracking)
-    import flows.rl  # noqa: F401
+    from flows import registry
+
+    for stage in registry.STAGES:  # every stage's flow, and through them tasks and tracking
+        stage.load_flow()
 
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if others:  # a fork keeps only this thread: a lock another one held would never be released
