@@ -26,6 +26,8 @@ class Experience:
     values: torch.Tensor | None = None        # (B, T) the critic's values before the update (algorithms with a critic)
     returns: torch.Tensor | None = None       # (B, T) the critic's targets
     action_mask: torch.Tensor | None = None   # (B, T) multi-turn: 1 on tokens the policy sampled, 0 on tool turns
+    ended: torch.Tensor | None = None         # (B,) bool: the completion ended with an end token (not cut)
+    reward_parts: torch.Tensor | None = None  # (B, K) each reward's raw score, named in meta["reward_names"]
     meta: dict = field(default_factory=dict)
 
     @property
@@ -95,8 +97,15 @@ def experience_from_rows(rows: list[dict], pad_id: int, group_size: int, scores:
         exp.action_mask, _ = pad_right([r["action_mask"] for r in rows], 0)
     if rows[0].get("engine_logprobs") is not None:
         exp.engine_logprobs, _ = pad_right([r["engine_logprobs"] for r in rows], 0.0, dtype=torch.float32)
+    if "ended_with_eos" in rows[0]:
+        exp.ended = torch.tensor([bool(r["ended_with_eos"]) for r in rows])
     if scores is not None:
         exp.rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
+        names = [k for k in scores[0] if k.startswith("reward_")] + (["rm_score"] if scores[0].get("rm_score") is not None
+                                                                       else [])
+        if names:
+            exp.reward_parts = torch.tensor([[s[k] for k in names] for s in scores], dtype=torch.float32)  # (B, K)
+            exp.meta["reward_names"] = [k.removeprefix("reward_") for k in names]
         if scores[0]["ref_logprobs"] is not None:
             exp.ref_logprobs, _ = pad_right([s["ref_logprobs"] for s in scores], 0.0, dtype=torch.float32)
     return exp

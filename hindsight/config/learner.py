@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic_core import InitErrorDetails
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from hindsight.config.base import Strict
+from hindsight.config.base import Strict, raise_errors, with_blocks
+from hindsight.learning.losses import LOSSES, get_loss
 from hindsight.learning.strategies.catalogue import check_name, get_strategy
 
 
@@ -25,13 +27,54 @@ class HealthConfig(Strict):
     window: int = Field(20, ge=1, description="optimizer steps the running medians are taken over")
 
 
+class CorrectionConfig(Strict):
+    """The off-policy correction every loss shares (`learning.correction`): the importance weight
+    p_learner / p_engine of each sampled token, where the engine's log-probs come from another
+    numeric path (vLLM, another dtype) or, in an async run, from the stale weights version."""
+    level: Literal["auto", "none", "token", "sequence", "geometric"] = Field(
+        "auto", description="auto: sequence with mask (TRL's default) where the engine's log-probs are not the "
+                            "learner's own forward (vllm), else none; token: a weight per token; sequence: their "
+                            "product; geometric: the product's n-th root (SkyRL's geometric mask)")
+    action: Literal["truncate", "mask"] = Field("mask", description="truncate: clamp into [clip_min, clip_max] "
+                                                "(TIS); mask: a weight outside it becomes 0 (MIS; IcePop with "
+                                                "level token and both bounds)")
+    clip_min: float | None = Field(None, ge=0, description="C_min; null: no lower bound")
+    clip_max: float | None = Field(3.0, gt=0, description="C_max; null: no upper bound")
+    off_policy_mask: float | None = Field(None, gt=0, description="DeepSeek-V3.2's off-policy sequence mask: drop a "
+                                          "negative-advantage sequence whose mean KL from the sampler is above this "
+                                          "(TRL's off_policy_mask_threshold); null: off")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.action == "truncate" and self.clip_min is None and self.clip_max is None:
+            raise ValueError("action: truncate needs clip_min or clip_max")
+        if self.clip_min is not None and self.clip_max is not None and self.clip_min >= self.clip_max:
+            raise ValueError(f"clip_min {self.clip_min} must be below clip_max {self.clip_max}")
+        return self
+
+
+class AdaptiveEntropyConfig(Strict):
+    """Skywork-OR1's entropy control (TRL's use_adaptive_entropy): after each optimizer step the
+    coefficient rises by `delta` while the entropy is at or below `target`, else falls; it is
+    applied only while the entropy is at or below `target`."""
+    enabled: bool = False
+    target: float = Field(0.2, ge=0, description="nats a token")
+    delta: float = Field(0.005, gt=0)
+    min: float = Field(0.0, ge=0)
+    max: float = Field(1.0, ge=0)
+
+
 class LearnerConfig(Strict):
+    """The policy loss is a registered one (`rl.learner.loss`, `hindsight.learning.losses`); its
+    settings sit under `rl.learner.<its name>` (for example `rl.learner.dapo.clip_eps_high`)."""
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)  # the losses' blocks
+
     lr: float = Field(1e-4, gt=0)
-    clip_eps_low: float = Field(0.2, ge=0)
-    clip_eps_high: float = Field(0.2, ge=0)
-    clip_ratio_c: float | None = Field(None, gt=1, description="dual-clip (verl): cap a negative advantage's loss at "
-                                                               "-A * clip_ratio_c; null turns it off")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
+    loss: str = Field("grpo", description="a registered policy loss: grpo, dapo, bnpo, dr_grpo, gspo, luspo, cispo, "
+                                          "sapo, vespo, gmpo, clip_cov, kl_cov (docs/losses.md)")
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    mask_truncated: bool = Field(False, description="completions cut at max_new_tokens are left out of the loss "
+                                                    "(DAPO; TRL's mask_truncated_completions)")
     num_iterations: int = Field(1, ge=1, description="passes over the step's mini-batches (TRL's num_iterations, "
                                                       "verl's ppo_epochs)")
     mini_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step, whole groups (verl's "
@@ -51,7 +94,11 @@ class LearnerConfig(Strict):
                                                   "and the behaviour, reference and critic forwards; auto packs "
                                                   "where it cuts the tokens a forward runs on by 15 %")
     max_grad_norm: float = Field(1.0, gt=0)
-    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight in the policy loss")
+    entropy_coef: float = Field(0.0, ge=0, description="the entropy bonus: minus this times the mini-batch's mean "
+                                                       "token entropy, whatever the loss (TRL's entropy_coef)")
+    top_entropy_quantile: float = Field(1.0, ge=0, le=1, description="train only on the tokens whose entropy is in "
+                                        "this top share of a micro-batch's (Beyond the 80/20 rule: 0.2); 1: all")
+    adaptive_entropy: AdaptiveEntropyConfig = Field(default_factory=AdaptiveEntropyConfig)
     disable_dropout: bool = Field(True, description="turn dropout off in the policy and critic, so the ratio is 1 "
                                                     "before the first update (false keeps the checkpoint's dropout)")
     processes: int = Field(1, ge=1, description="learner ranks in one torch.distributed group for the stage (this "
@@ -65,6 +112,35 @@ class LearnerConfig(Strict):
     publish_bucket_mb: float = Field(512.0, gt=0, description="new weights go this many MiB at a time: gathered from "
                                                               "an fsdp2 learner's shards, and pushed into a vLLM engine")
     health: HealthConfig = Field(default_factory=HealthConfig)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _loss_blocks(cls, data, handler):
+        """Validate the chosen loss's block with its own model; a block of another loss, or any
+        other unknown key, is refused with its location (rl.learner.sapo.temperature_pos)."""
+        if not isinstance(data, dict):
+            return handler(data)
+        model, blocks, errors = with_blocks(cls, data, handler, LOSSES, lambda loss: loss.Settings)
+        if model is not None:
+            errors += [InitErrorDetails(type="value_error", loc=(name,), input=data.get(name),
+                                        ctx={"error": ValueError(f"settings of loss {name}, but rl.learner.loss is "
+                                                                 f"{model.loss}: move them under rl.learner."
+                                                                 f"{model.loss} or drop them")})
+                       for name in blocks if name != model.loss]
+        raise_errors(cls, errors)
+        blocks.setdefault(model.loss, get_loss(model.loss).Settings())  # shown in MLflow params
+        model.__pydantic_extra__.update({model.loss: blocks[model.loss]})
+        return model
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_registered(cls, name: str) -> str:
+        get_loss(name)  # ValueError naming the registered ones
+        return name
+
+    def loss_settings(self):
+        """The chosen loss's block (`rl.learner.<loss>`), with its defaults when absent."""
+        return self.__pydantic_extra__[self.loss]
 
     @field_validator("strategy")
     @classmethod

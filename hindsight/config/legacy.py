@@ -77,4 +77,46 @@ def move_deprecated(rl: dict) -> dict:
                              f"its deprecated spelling)")
         _warn(old, new)
         block[new[1]] = parent.pop(old[-1])
+    _move_loss_keys(out)
     return out
+
+
+# rl.learner.loss_agg named the clipped surrogate's reduction; each is now a registered loss
+AGGREGATION_LOSS = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo"}
+CLIP_KEYS = ("clip_eps_low", "clip_eps_high", "clip_ratio_c")
+
+
+def _move_loss_keys(rl: dict) -> None:
+    """rl.learner.loss_agg -> rl.learner.loss; the clip keys -> the loss's block; async's TIS ->
+    rl.learner.correction (token level, truncated at is_cap). In place, on `move_deprecated`'s copy."""
+    learner = rl.get("learner")
+    if isinstance(learner, dict):
+        learner = rl["learner"] = dict(learner)
+        if "loss_agg" in learner:
+            agg = learner.pop("loss_agg")
+            if "loss" in learner:
+                raise ValueError("rl.learner.loss_agg and rl.learner.loss are both set: keep rl.learner.loss (the "
+                                 "other is its deprecated spelling)")
+            log.warning("rl.learner.loss_agg is deprecated: write rl.learner.loss: %s (accepted until %s)",
+                        AGGREGATION_LOSS.get(agg, agg), UNTIL)
+            learner["loss"] = AGGREGATION_LOSS.get(agg, agg)
+        loss = learner.get("loss", "grpo")
+        for key in [k for k in CLIP_KEYS if k in learner]:
+            block = learner[loss] = dict(learner.get(loss) or {}) if isinstance(learner.get(loss, {}), dict) else {}
+            if key in block:
+                raise ValueError(f"rl.learner.{key} and rl.learner.{loss}.{key} are both set: keep "
+                                 f"rl.learner.{loss}.{key}")
+            _warn(("learner", key), ("learner", loss, key))
+            block[key] = learner.pop(key)
+    sync = rl.get("async")
+    if isinstance(sync, dict) and ("is_correction" in sync or "is_cap" in sync):
+        sync = rl["async"] = dict(sync)
+        tis, cap = sync.pop("is_correction", "none"), sync.pop("is_cap", 2.0)
+        target = rl.setdefault("learner", {})
+        if isinstance(target, dict) and "correction" in target:
+            raise ValueError("rl.async.is_correction and rl.learner.correction are both set: keep "
+                             "rl.learner.correction")
+        _warn(("async", "is_correction"), ("learner", "correction"))
+        if isinstance(target, dict):
+            target["correction"] = ({"level": "token", "action": "truncate", "clip_max": cap} if tis == "tis"
+                                    else {"level": "none"})

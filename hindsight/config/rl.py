@@ -14,6 +14,7 @@ from hindsight.config.legacy import move_deprecated
 from hindsight.config.multiturn import MultiTurnConfig
 from hindsight.config.scoring import RewardFnConfig, ScoringConfig  # noqa: F401  (re-exported)
 from hindsight.learning.algorithms import ALGORITHMS, get_algorithm
+from hindsight.learning.losses import get_loss
 from hindsight.learning.strategies.catalogue import get_strategy
 from hindsight.lookback.alerts import RULES
 from hindsight.rollout.engines import ENGINES, get_engine
@@ -84,8 +85,11 @@ class RolloutConfig(Strict):
 
 class KLConfig(Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
-    coef: float = Field(0.04, ge=0)
-    estimator: Literal["k1", "k2", "k3"] = "k3"
+    coef: float = Field(0.04, ge=0, description="the KL's weight (TRL's beta)")
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Schulman's estimators; TRL's loss uses k3")
+    bias_correction: bool = Field(False, description="in the loss, weight each token's KL by the policy ratio, so its "
+                                  "gradient is the unbiased reverse-KL gradient off policy (DeepSeek-V3.2; TRL's "
+                                  "use_bias_correction_kl, on by default there)")
     placement: Literal["loss", "reward"] = Field(
         "loss", alias="in", description="loss: a KL term in the policy loss; reward: a penalty folded into the reward")
 
@@ -130,10 +134,6 @@ class AsyncConfig(Strict):
                                                     "for s < k), by a sampler process, while the learner trains "
                                                     "the k steps before it. 0: on-policy, sampling and learning "
                                                     "take turns")
-    is_correction: Literal["none", "tis"] = Field(
-        "none", description="tis: weight the policy loss by min(p_learner / p_engine, is_cap), the gap between "
-                            "the sampling engine's log-probs (vLLM) and the learner's recompute of them")
-    is_cap: float = Field(2.0, gt=0, description="truncation of the importance weight")
 
 
 class DynamicSamplingConfig(Strict):
@@ -238,6 +238,9 @@ class RLConfig(Strict):
                              (self.workers.rollout > 1, "workers.rollout > 1")):
                 if bad:
                     raise ValueError(f"async.max_staleness >= 1 runs one sampler process; it does not combine with {why}")
+        errors = loss_combination_errors(get_algorithm(self.algorithm), self.learner)
+        if errors:
+            raise ValueError(errors[0])
         mini = self.learner.mini_batch_size
         if mini and mini % self.samples_per_prompt:
             raise ValueError(f"learner.mini_batch_size {mini} must hold whole groups: a multiple of "
@@ -260,6 +263,22 @@ class RLConfig(Strict):
     def needs_reward_model(self) -> bool:
         """The reward model is read for the reward, or to start a critic from."""
         return self.scoring.reward_model_weight > 0 or getattr(self.algorithm_settings(), "critic_init", None) == "reward_model"
+
+
+def loss_combination_errors(algorithm, learner: LearnerConfig) -> list[str]:
+    """The estimator x loss x correction combinations that make no sense, each one line."""
+    loss, settings = get_loss(learner.loss), learner.loss_settings()
+    out = []
+    sequence = loss.sequence_objective or loss.ratio_level(settings) == "sequence"
+    if sequence and algorithm.token_advantages:
+        what = "scores whole sequences" if loss.sequence_objective else "takes one ratio per sequence (ratio_level)"
+        out.append(f"rl.learner.loss: {learner.loss} {what}, and rl.algorithm: {algorithm.name} gives each token its "
+                   f"own advantage: choose an outcome estimator (grpo, rloo) or a token-level loss")
+    level = learner.correction.level
+    if loss.correction_levels is not None and level not in ("auto", "none", *loss.correction_levels):
+        out.append(f"rl.learner.correction.level: {level}: loss {learner.loss} takes the correction inside its maths "
+                   f"at the {' or '.join(loss.correction_levels)} level only")
+    return out
 
 
 def _group_size_errors(rl: RLConfig) -> list[InitErrorDetails]:

@@ -26,6 +26,7 @@ from hindsight.data.bounds import longest_prompt
 from hindsight.data.rows import load_rows
 from hindsight.errors import CheckpointError, NonFiniteError, RewardError
 from hindsight.experience import advantage_rows, experience_from_rows
+from hindsight.scoring.rewards import reward_weights
 from hindsight.faults import crash_point
 from hindsight.learning.learner import Learner
 from hindsight.learning.strategies import get_strategy
@@ -193,6 +194,7 @@ class RLRun:
         train_rows, train_scores, metrics = self._train_groups(rows, scores)
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
             exp = experience_from_rows(train_rows, self.tok.pad_token_id, self.rl.samples_per_prompt, train_scores)
+            exp.meta["reward_weights"] = reward_weights(self.rl.scoring, exp.meta.get("reward_names", []))
             try:
                 metrics.update(self.learner.train(exp, [r["group"] for r in train_rows]))
             except NonFiniteError as exc:

@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from hindsight.learning.algorithms.losses import unlikelihood_loss
+from hindsight.learning.terms import unlikelihood_loss
 from hindsight.experience import pad_left, pad_right
 from hindsight.logprobs import token_logprobs
 from hindsight.state.store import RolloutStore

@@ -19,12 +19,14 @@ from hindsight.errors import NonFiniteError
 
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.algorithms.base import AdvantageInputs, AlgorithmSettings
-from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss, tis_weights, value_loss
+from hindsight.learning.correction import Correction, gap_metrics
+from hindsight.learning.losses.objective import Objective, policy_loss
+from hindsight.learning.terms import kl_estimate, value_loss
 from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
 from hindsight.learning.critic import token_values
 from hindsight.learning.oom import split_on_oom
 from hindsight.experience import Experience, lengths, micro_batches, trimmed
-from hindsight.logprobs import micro_logprobs, model_device, packs
+from hindsight.logprobs import budgeted_logprobs, micro_logprobs, model_device, packs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,10 +36,10 @@ class LearnerSettings:
     num_iterations: int = 1
     max_grad_norm: float = 1.0
     temperature: float = 1.0
-    loss: LossSettings = LossSettings()
+    loss: Objective = Objective()             # the policy loss, its correction, KL and entropy terms
     reward_kl_coef: float = 0.0               # > 0 when `kl.in: reward`
-    is_correction: str = "none"               # tis: weight by the learner/engine probability ratio
-    is_cap: float = 2.0
+    mask_truncated: bool = False              # completions cut at max_new_tokens are left out of the loss
+    entropy: object = None                    # `learning.entropy.EntropyControl` when the coefficient adapts
     mini_batch_size: int | None = None       # samples per optimizer step; None: the whole step
     micro_batch_tokens: int | None = None    # padded tokens per forward/backward; None: the whole mini-batch
     packing: str = "off"                     # off / on / auto: rows end to end in a micro-batch's forwards
@@ -57,15 +59,32 @@ def learner_settings(rl) -> LearnerSettings:
     Fields named like `rl.learner`'s are taken from it by name; only the derived ones are spelt
     out, so a new learner knob cannot be copied into the wrong slot.
     """
-    in_loss = rl.kl.placement == "loss"
-    loss = _by_name(LossSettings, rl.learner, kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
-                    max_len=rl.rollout.max_new_tokens)
-    budget = rl.learner.micro_batch_tokens
-    return _by_name(LearnerSettings, rl.learner, algorithm=rl.algorithm, params=rl.algorithm_settings(),
+    in_loss, learner = rl.kl.placement == "loss", rl.learner
+    loss = Objective(loss=learner.loss, params=learner.loss_settings(), correction=resolved_correction(rl),
+                     kl_coef=rl.kl.coef if in_loss else 0.0, kl_estimator=rl.kl.estimator,
+                     kl_bias_correction=rl.kl.bias_correction, entropy_coef=learner.entropy_coef,
+                     top_entropy_quantile=learner.top_entropy_quantile, max_len=rl.rollout.max_new_tokens)
+    budget = learner.micro_batch_tokens
+    return _by_name(LearnerSettings, learner, algorithm=rl.algorithm, params=rl.algorithm_settings(),
                     micro_batch_tokens=None if budget == "auto" else budget,  # auto: set by the fit (learning.fit)
                     temperature=rl.rollout.temperature,
                     loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef,
-                    is_correction=rl.async_.is_correction, is_cap=rl.async_.is_cap)
+                    entropy=EntropyControl.of(learner.adaptive_entropy, learner.entropy_coef))
+
+
+def resolved_correction(rl) -> Correction:
+    """`rl.learner.correction` with `auto` decided: on (TRL's sequence mask at 3) where the engine's
+    log-probs come from another numeric path than the learner's forward, else off. In an async
+    run a correction also covers the staleness: the anchor is the learner's forward at the step's
+    start (the stored log-probs are version s - k's)."""
+    from hindsight.rollout.engines import get_engine  # the registry only
+
+    c = rl.learner.correction
+    level, action, lo, hi = c.level, c.action, c.clip_min, c.clip_max
+    if level == "auto":
+        level = "sequence" if get_engine(rl.rollout.backend).recompute_logprobs else "none"
+    return Correction(level=level, action=action, clip_min=lo, clip_max=hi, off_policy_mask=c.off_policy_mask,
+                      recompute_anchor=level != "none" and rl.async_.max_staleness >= 1)
 
 
 def _by_name(cls, source, **derived):
@@ -81,8 +100,11 @@ def reward_kl(exp: Experience, s: LearnerSettings) -> torch.Tensor | None:
 
 def compute_advantages(exp: Experience, s: LearnerSettings, values: torch.Tensor | None = None):
     """Returns (advantages (B,) or (B, T), returns (B, T) for a critic's targets else None)."""
+    weights = exp.meta.get("reward_weights")
     x = AdvantageInputs(rewards=exp.rewards, mask=exp.loss_mask, group_size=exp.group_size,
-                        kl=reward_kl(exp, s), kl_coef=s.reward_kl_coef, values=values)
+                        kl=reward_kl(exp, s), kl_coef=s.reward_kl_coef, values=values,
+                        reward_parts=exp.reward_parts if weights is not None else None,
+                        reward_weights=torch.tensor(weights, dtype=torch.float32) if weights is not None else None)
     return s.estimator.advantages(x, s.algorithm_settings)
 
 
@@ -134,9 +156,29 @@ def whole_batch_advantages(exp: Experience, s: LearnerSettings, critic=None, sha
     forward needs every rank is run by all of them, and their values agreed on (`Share.agree`)."""
     if exp.advantages is not None:
         return exp
+    if s.mask_truncated and exp.ended is not None:  # before the advantages: a token-level estimator whitens over the mask
+        keep = exp.ended.to(exp.completion_mask.dtype).unsqueeze(1)                          # (B, 1)
+        exp.action_mask = keep * (exp.action_mask if exp.action_mask is not None else torch.ones_like(exp.completion_mask))
     if s.estimator.needs_critic and exp.values is None:
         exp.values = (share or Share()).agree(_values(critic, exp, s.micro_batch_tokens, s.packing))  # (B, T)
     exp.advantages, exp.returns = compute_advantages(exp, s, exp.values)
+    return exp
+
+
+def anchored(model, exp: Experience, s: LearnerSettings, share: Share) -> Experience:
+    """An async run with the correction on: the ratio's anchor becomes the learner's forward on
+    its weights at the step's start, and the stored log-probs (version s - k's, or an engine's
+    own) the engine side of the correction, which then corrects the staleness (a decoupled
+    objective). Every rank runs the forward on the whole batch (a sharded one is a collective)."""
+    if not s.loss.correction.recompute_anchor or exp.meta.get("anchored"):
+        return exp
+    engine = exp.engine_logprobs if exp.engine_logprobs is not None else exp.logprobs
+    was = model.training
+    model.eval()
+    anchor = share.agree(budgeted_logprobs(model, exp, s.temperature, s.micro_batch_tokens, s.packing))  # (B, T)
+    model.train(was)
+    exp.logprobs, exp.engine_logprobs = anchor.to(exp.logprobs.dtype) * exp.completion_mask, engine
+    exp.meta["anchored"] = True
     return exp
 
 
@@ -162,7 +204,8 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
     given, stops a diverging step.
     """
     share = share or Share()
-    exp = whole_batch_advantages(exp, s, critic, share)
+    exp = anchored(model, whole_batch_advantages(exp, s, critic, share), s, share)
+    gap = gap_metrics(exp.logprobs, exp.engine_logprobs, exp.loss_mask, s.loss.correction)  # the whole batch's
     groups = exp.meta.get("groups") or [i // exp.group_size for i in range(len(exp))]
     model.train()
     if critic is not None:
@@ -179,7 +222,7 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
                                           health))
         metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
         ratios[f"ratio_mean/iter{it}"] = metrics["ratio_mean"]
-    return {**metrics, **ratios, "learn/mini_batches": float(len(steps))}
+    return {**metrics, **ratios, **gap, "learn/mini_batches": float(len(steps))}
 
 
 def _mini_batch_step(model, optimizer, critic, critic_optimizer, mb: Experience, totals: Totals, s: LearnerSettings,
@@ -222,29 +265,22 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     `weight` is 0 for a rank's stand-in row, and so are `idle` extra micro-batches of a rank with
     fewer than the others whose forwards are collectives: they join them and count for nothing."""
     optimizer.zero_grad(set_to_none=True)
-    dev, sums, is_max, n_packed = model_device(model), {}, 0.0, 0
+    dev, sums, n_packed = model_device(model), {}, 0
+    coef = s.entropy.applied() if s.entropy is not None else s.loss.entropy_coef
     for rows, w_loss, w_stats in _with_idle(parts, idle, scale, weight):
         part = trimmed(mb, rows).to(dev)
         mask = part.loss_mask                                                     # (b, t) what the policy sampled
         packed = packs(model, part.attention_mask, mask.size(1), part.group_size, s.packing, part.input_ids)
         n_packed += packed
         logp, entropy = micro_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
-                                       s.temperature, with_entropy=True, entropy_grad=bool(s.loss.entropy_coef),
+                                       s.temperature, with_entropy=True, entropy_grad=bool(coef),
                                        packing="on" if packed else "off")  # (b, t), (b, t)
-        is_w = None
-        if s.is_correction == "tis" and part.engine_logprobs is not None:
-            is_w = tis_weights(part.logprobs, part.engine_logprobs, s.is_cap)     # (b, t)
-        loss, stats = policy_loss(logp, part.logprobs, part.ref_logprobs, part.advantages, mask, s.loss,
-                                  entropy if s.loss.entropy_coef else None, is_w, totals)
+        loss, stats = policy_loss(logp, part.logprobs, part.ref_logprobs, part.advantages, mask, s.loss, entropy,
+                                  totals, part.engine_logprobs, coef)
         (loss * w_loss).backward()
         m = mask.to(logp.dtype)
-        n = float(m.sum()) * w_stats  # the micro-batch's statistics are token means: back to sums
         _add(sums, {"loss": float(loss.detach()) * w_stats, "entropy": float((entropy.detach() * m).sum()) * w_stats,
-                    **{k: v * n for k, v in stats.items()}})
-        if is_w is not None and w_stats:
-            _add(sums, {"is/mean": float((is_w * m).sum()) * w_stats,
-                        "is/capped_fraction": float(((is_w >= s.is_cap).to(m.dtype) * m).sum()) * w_stats})
-            is_max = max(is_max, float((is_w * m).max()))
+                    **{k: v * w_stats for k, v in stats.items()}})
     share.sync(model.parameters())
     grad_norm = _clip(model, s.max_grad_norm)
     sums = share.total(sums)  # the mini-batch's, over the learner group
@@ -255,8 +291,9 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     if health is not None:
         health.after_step(model.parameters())
     out = {k: v / max(totals.tokens, 1.0) for k, v in sums.items() if k != "loss"}
-    if "is/mean" in out:
-        out["is/max"] = is_max  # this rank's
+    if s.entropy is not None:  # the next step's coefficient, from this one's entropy over the group
+        s.entropy.observe(out["entropy"])
+        out["entropy_coef"] = coef
     return {**out, "loss": sums["loss"], "grad_norm": float(grad_norm), "learn/packing": n_packed / max(len(parts), 1)}
 
 

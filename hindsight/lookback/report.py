@@ -52,7 +52,7 @@ def token_kl(logprob: float, ref_logprob: float, estimator: str = "k3") -> float
     """Per-token KL(pi || ref) with the run's own estimator (`rl.kl.estimator`), as the loss saw it."""
     import torch
 
-    from hindsight.learning.algorithms.losses import kl_estimate
+    from hindsight.learning.terms import kl_estimate
 
     return float(kl_estimate(torch.tensor([[logprob]]), torch.tensor([[ref_logprob]]), estimator))
 

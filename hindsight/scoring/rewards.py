@@ -49,6 +49,13 @@ def reward_calls(items) -> list[RewardCall]:
     return calls
 
 
+def reward_weights(scoring, names: list[str]) -> list[float]:
+    """The weight of each named score part (`experience.reward_parts`): a reward's, or the learned one's."""
+    weights = {c.name: c.weight for c in reward_calls(scoring.rewards)}
+    weights["rm_score"] = scoring.reward_model_weight
+    return [weights.get(n, 0.0) for n in names]
+
+
 @dataclass
 class ScoreResult:
     total: list[float]

@@ -43,8 +43,7 @@ def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash, engin
                     "reward_model": rm_path if rl.scoring.reward_model_weight > 0 else None,
                     "reward_model_weight": rl.scoring.reward_model_weight, "reward_fallback": rl.scoring.fallback,
                     "kl": dumped["kl"]},
-        "training": {**dumped["learner"], "is_correction": dumped["async"]["is_correction"],
-                     "is_cap": dumped["async"]["is_cap"], rl.algorithm: dumped.get(rl.algorithm)},
+        "training": {**dumped["learner"], rl.algorithm: dumped.get(rl.algorithm)},  # the loss's block is the learner's
     }
 
 

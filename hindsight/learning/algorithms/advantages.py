@@ -24,6 +24,15 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"
     return centred.reshape(-1)                                    # (B,)
 
 
+def gdpo_advantages(parts: torch.Tensor, weights: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GDPO (TRL's normalize_then_sum): each reward normalised within its group, summed with its
+    weight, and the sum normalised over the batch. parts: (B, K) raw scores; weights: (K,). Returns (B,)."""
+    grouped = parts.view(-1, group_size, parts.size(1))                            # (G, S, K)
+    normed = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + STD_EPS)
+    summed = (normed.reshape(-1, parts.size(1)) * weights.to(parts.dtype)).sum(dim=1)  # (B,)
+    return (summed - summed.mean()) / (summed.std() + STD_EPS)
+
+
 SIGNAL_EPS = 1e-8  # rewards closer than this within a group count as equal
 
 

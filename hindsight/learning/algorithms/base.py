@@ -38,6 +38,8 @@ class AdvantageInputs:
     kl: torch.Tensor | None = None    # (B, T) behaviour-vs-reference KL when `kl.in: reward`, else None
     kl_coef: float = 0.0              # its weight in the reward
     values: torch.Tensor | None = None  # (B, T) the critic's values, for algorithms with `needs_critic`
+    reward_parts: torch.Tensor | None = None    # (B, K) each reward's raw score (GDPO normalises them apart)
+    reward_weights: torch.Tensor | None = None  # (K,) their weights
 
 
 class Algorithm:
@@ -45,6 +47,7 @@ class Algorithm:
     name: ClassVar[str]
     Settings: ClassVar[type[AlgorithmSettings]] = AlgorithmSettings
     needs_critic: ClassVar[bool] = False
+    token_advantages: ClassVar[bool] = False  # (B, T) advantages: a sequence-level loss refuses them
     min_group_size: ClassVar[int] = 1
     group_size_reason: ClassVar[str] = ""
 

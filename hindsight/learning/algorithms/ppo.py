@@ -14,6 +14,7 @@ class PPOSettings(CriticSettings):
 @register
 class PPO(Algorithm):
     name = "ppo"
+    token_advantages = True
     Settings = PPOSettings
     needs_critic = True
 

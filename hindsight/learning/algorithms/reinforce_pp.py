@@ -13,6 +13,7 @@ class ReinforcePPSettings(AlgorithmSettings):
 @register
 class ReinforcePP(Algorithm):
     name = "reinforce_pp"
+    token_advantages = True
     Settings = ReinforcePPSettings
 
     @staticmethod
