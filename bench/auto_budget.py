@@ -60,7 +60,7 @@ def child(spec: dict) -> dict:
     """In this (fresh) process: build, a first update, then `spec`'s measurement."""
     import torch
 
-    from hindsight.learning.algorithms.losses import LossSettings
+    from hindsight.learning.losses.objective import Objective
     from hindsight.learning.fit import fit_budget
     from hindsight.learning.update import LearnerSettings, update
 
@@ -68,7 +68,7 @@ def child(spec: dict) -> dict:
     model, shape = model_and_shape(spec["model"])
     SHAPE.update(shape)  # what learner_memory.batch draws
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
-    loss = LossSettings(kl_coef=0.0, max_len=shape["completion"])
+    loss = Objective(kl_coef=0.0, max_len=shape["completion"])
     update(model, opt, batch(shape["group"], seed=1, vocab=shape["vocab"]), LearnerSettings(loss=loss))  # AdamW's state
     out, budget = dict(spec), spec.get("budget")
     if spec.get("cap_mb"):

@@ -134,7 +134,7 @@ class Kernel:
     """hindsight's GRPO with nothing around it: generate -> score -> update, in memory, timed by phase."""
 
     def __init__(self, init: str, task: str):
-        from hindsight.learning.algorithms.losses import LossSettings
+        from hindsight.learning.losses.objective import Objective
         from hindsight.learning.update import LearnerSettings
         from hindsight.models.load import load_causal_lm, load_tokenizer
 
@@ -142,8 +142,8 @@ class Kernel:
         self.tok, self.policy = load_tokenizer(init), load_causal_lm(init)
         self.ref = load_causal_lm(init).eval()
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=LR, weight_decay=0.0)
-        self.settings = LearnerSettings(loss=LossSettings(kl_coef=BETA, kl_estimator="k3", loss_agg="seq_mean_token_mean",
-                                                          max_len=self.new_tokens))
+        self.settings = LearnerSettings(loss=Objective.named("grpo", kl_coef=BETA, kl_estimator="k3",
+                                                                max_len=self.new_tokens))
         self.split = {"generate": [], "score": [], "update": []}
         self.lengths: list[float] = []  # mean completion tokens per step
 

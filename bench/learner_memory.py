@@ -86,14 +86,14 @@ def one(spec: dict) -> dict:
     """In this (fresh) process: build, then one update; its extra peak memory and its time."""
     import torch
 
-    from hindsight.learning.algorithms.losses import LossSettings
+    from hindsight.learning.losses.objective import Objective
     from hindsight.learning.update import LearnerSettings, update
 
     torch.set_num_threads(spec.get("threads", 2))
     model = build(spec["layers"], spec["checkpointing"])
     exp = batch(spec["rows"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
-    s = LearnerSettings(micro_batch_tokens=spec["budget"], loss=LossSettings(kl_coef=0.0, max_len=SHAPE["completion"]))
+    s = LearnerSettings(micro_batch_tokens=spec["budget"], loss=Objective(kl_coef=0.0, max_len=SHAPE["completion"]))
     update(model, opt, batch(SHAPE["group"], seed=1), s)  # a first step allocates AdamW's state: a run holds it
     before = _rss_kb()
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the peak from here on
@@ -117,7 +117,7 @@ def fsdp_rank(spec: dict) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hindsight.config import LearnerConfig
-    from hindsight.learning.algorithms.losses import LossSettings
+    from hindsight.learning.losses.objective import Objective
     from hindsight.learning.strategies import sharded as sharding
     from hindsight.learning.update import LearnerSettings, update
 
@@ -135,7 +135,7 @@ def fsdp_rank(spec: dict) -> dict:
     model = sharding.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
     s = LearnerSettings(micro_batch_tokens=2 * (SHAPE["prompt"] + SHAPE["completion"]),
-                        loss=LossSettings(kl_coef=0.0, max_len=SHAPE["completion"]))
+                        loss=Objective(kl_coef=0.0, max_len=SHAPE["completion"]))
     share = sharding.Sharded(spec["rank"], spec["world"], LearnerConfig(strategy="fsdp2"))
     exp = lambda: batch(FSDP_SHAPE["rows"], vocab=FSDP_SHAPE["vocab"])  # noqa: E731
     update(model, opt, exp(), s, share=share)  # allocates AdamW's state

@@ -46,7 +46,7 @@ def measure() -> dict:
     from hindsight.config import PipelineConfig
     from hindsight.data.chat import as_chat, prompt_text
     from hindsight.data.procedural import load_procedural
-    from hindsight.learning.algorithms.losses import LossSettings
+    from hindsight.learning.losses.objective import Objective
     from hindsight.learning.update import LearnerSettings, update
     from hindsight.models.load import load_causal_lm, load_tokenizer, resolve_model_path
     from hindsight.rollout.hf import sample_groups
@@ -65,7 +65,7 @@ def measure() -> dict:
     prompts = [prompt_text(tok, as_chat(r, ("prompt",), cfg.data.system_prompt)["prompt"]) for r in rows]
     opt = torch.optim.AdamW(model.parameters(), lr=rl.learner.lr, weight_decay=0.0)
     settings = LearnerSettings(micro_batch_tokens=rl.learner.micro_batch_tokens,
-                               loss=LossSettings(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
+                               loss=Objective(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
 
     def sample(first: int):
         exp = sample_groups(model, tok, prompts[first:first + rl.prompts_per_step], list(range(rl.prompts_per_step)),

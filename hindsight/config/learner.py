@@ -121,12 +121,12 @@ class LearnerConfig(Strict):
         if not isinstance(data, dict):
             return handler(data)
         model, blocks, errors = with_blocks(cls, data, handler, LOSSES, lambda loss: loss.Settings)
-        if model is not None:
+        if model is not None:  # another loss's block at its defaults is a dumped config's (a sweep over losses)
             errors += [InitErrorDetails(type="value_error", loc=(name,), input=data.get(name),
                                         ctx={"error": ValueError(f"settings of loss {name}, but rl.learner.loss is "
                                                                  f"{model.loss}: move them under rl.learner."
                                                                  f"{model.loss} or drop them")})
-                       for name in blocks if name != model.loss]
+                       for name, block in blocks.items() if name != model.loss and block != type(block)()]
         raise_errors(cls, errors)
         blocks.setdefault(model.loss, get_loss(model.loss).Settings())  # shown in MLflow params
         model.__pydantic_extra__.update({model.loss: blocks[model.loss]})

@@ -11,9 +11,8 @@ UNTIL = "hindsight 0.3"
 
 # old path under rl -> new path under rl
 MOVED: dict[tuple[str, ...], tuple[str, ...]] = {
-    **{(k,): ("learner", k) for k in ("lr", "clip_eps_low", "clip_eps_high", "clip_ratio_c", "loss_agg",
-                                       "num_iterations", "mini_batch_size", "micro_batch_tokens", "max_grad_norm",
-                                       "entropy_coef", "disable_dropout")},
+    **{(k,): ("learner", k) for k in ("lr", "num_iterations", "mini_batch_size", "micro_batch_tokens",
+                                       "max_grad_norm", "entropy_coef", "disable_dropout")},
     ("workers", "learner"): ("learner", "processes"),
     ("workers", "learner_strategy"): ("learner", "strategy"),
     ("workers", "learner_offload"): ("learner", "offload"),
@@ -87,36 +86,47 @@ CLIP_KEYS = ("clip_eps_low", "clip_eps_high", "clip_ratio_c")
 
 
 def _move_loss_keys(rl: dict) -> None:
-    """rl.learner.loss_agg -> rl.learner.loss; the clip keys -> the loss's block; async's TIS ->
-    rl.learner.correction (token level, truncated at is_cap). In place, on `move_deprecated`'s copy."""
-    learner = rl.get("learner")
-    if isinstance(learner, dict):
-        learner = rl["learner"] = dict(learner)
-        if "loss_agg" in learner:
-            agg = learner.pop("loss_agg")
-            if "loss" in learner:
-                raise ValueError("rl.learner.loss_agg and rl.learner.loss are both set: keep rl.learner.loss (the "
-                                 "other is its deprecated spelling)")
-            log.warning("rl.learner.loss_agg is deprecated: write rl.learner.loss: %s (accepted until %s)",
-                        AGGREGATION_LOSS.get(agg, agg), UNTIL)
-            learner["loss"] = AGGREGATION_LOSS.get(agg, agg)
-        loss = learner.get("loss", "grpo")
-        for key in [k for k in CLIP_KEYS if k in learner]:
-            block = learner[loss] = dict(learner.get(loss) or {}) if isinstance(learner.get(loss, {}), dict) else {}
-            if key in block:
-                raise ValueError(f"rl.learner.{key} and rl.learner.{loss}.{key} are both set: keep "
-                                 f"rl.learner.{loss}.{key}")
-            _warn(("learner", key), ("learner", loss, key))
-            block[key] = learner.pop(key)
+    """rl.[learner.]loss_agg -> rl.learner.loss; rl.[learner.]clip_* -> the loss's block; async's
+    TIS -> rl.learner.correction (token level, truncated at is_cap). In place, on `move_deprecated`'s copy."""
+    learner = rl.get("learner", {})
+    if not isinstance(learner, dict):
+        return  # a malformed block: its own validation names it
+    learner = dict(learner)
+    for key in ("loss_agg", *CLIP_KEYS):  # the spelling under rl itself first goes where rl.learner's would
+        if key in rl:
+            if key in learner:
+                raise ValueError(f"rl.{key} and rl.learner.{key} are both set: keep one")
+            learner[key] = rl.pop(key)
+            learner.setdefault("_spelt", {})[key] = f"rl.{key}"
+    spelt = learner.pop("_spelt", {})
+    if "loss_agg" in learner:
+        agg = learner.pop("loss_agg")
+        if "loss" in learner:
+            raise ValueError(f"{spelt.get('loss_agg', 'rl.learner.loss_agg')} and rl.learner.loss are both set: keep "
+                             f"rl.learner.loss (the other is its deprecated spelling)")
+        learner["loss"] = AGGREGATION_LOSS.get(agg, agg)
+        log.warning("%s is deprecated: write rl.learner.loss: %s (the old key is accepted until %s)",
+                    spelt.get("loss_agg", "rl.learner.loss_agg"), learner["loss"], UNTIL)
+    loss = learner.get("loss", "grpo")
+    for key in [k for k in CLIP_KEYS if k in learner]:
+        block = learner.get(loss) or {}
+        block = learner[loss] = dict(block) if isinstance(block, dict) else block
+        if not isinstance(block, dict):
+            return
+        if key in block:
+            raise ValueError(f"rl.learner.{key} and rl.learner.{loss}.{key} are both set: keep rl.learner.{loss}.{key}")
+        log.warning("%s is deprecated: write rl.learner.%s.%s (the old key is accepted until %s)",
+                    spelt.get(key, f"rl.learner.{key}"), loss, key, UNTIL)
+        block[key] = learner.pop(key)
+    if learner or "learner" in rl:
+        rl["learner"] = learner
     sync = rl.get("async")
     if isinstance(sync, dict) and ("is_correction" in sync or "is_cap" in sync):
         sync = rl["async"] = dict(sync)
         tis, cap = sync.pop("is_correction", "none"), sync.pop("is_cap", 2.0)
-        target = rl.setdefault("learner", {})
-        if isinstance(target, dict) and "correction" in target:
+        if "correction" in learner:
             raise ValueError("rl.async.is_correction and rl.learner.correction are both set: keep "
                              "rl.learner.correction")
         _warn(("async", "is_correction"), ("learner", "correction"))
-        if isinstance(target, dict):
-            target["correction"] = ({"level": "token", "action": "truncate", "clip_max": cap} if tis == "tis"
-                                    else {"level": "none"})
+        rl["learner"] = {**learner, "correction": ({"level": "token", "action": "truncate", "clip_max": cap}
+                                                   if tis == "tis" else {"level": "none"})}

@@ -20,6 +20,7 @@ from hindsight.errors import NonFiniteError
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.algorithms.base import AdvantageInputs, AlgorithmSettings
 from hindsight.learning.correction import Correction, gap_metrics
+from hindsight.learning.entropy import EntropyControl
 from hindsight.learning.losses.objective import Objective, policy_loss
 from hindsight.learning.terms import kl_estimate, value_loss
 from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
@@ -279,8 +280,9 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
                                   totals, part.engine_logprobs, coef)
         (loss * w_loss).backward()
         m = mask.to(logp.dtype)
+        n = float(m.sum()) * w_stats  # the micro-batch's statistics are token means: back to sums
         _add(sums, {"loss": float(loss.detach()) * w_stats, "entropy": float((entropy.detach() * m).sum()) * w_stats,
-                    **{k: v * w_stats for k, v in stats.items()}})
+                    **{k: v * n for k, v in stats.items()}})
     share.sync(model.parameters())
     grad_norm = _clip(model, s.max_grad_norm)
     sums = share.total(sums)  # the mini-batch's, over the learner group

@@ -43,7 +43,8 @@ def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash, engin
                     "reward_model": rm_path if rl.scoring.reward_model_weight > 0 else None,
                     "reward_model_weight": rl.scoring.reward_model_weight, "reward_fallback": rl.scoring.fallback,
                     "kl": dumped["kl"]},
-        "training": {**dumped["learner"], rl.algorithm: dumped.get(rl.algorithm)},  # the loss's block is the learner's
+        # the loss's block is in the learner's dump, under the loss's name (grpo is a loss and an algorithm)
+        "training": {**dumped["learner"], f"algorithm.{rl.algorithm}": dumped.get(rl.algorithm)},
     }
 
 

@@ -30,6 +30,14 @@ class Objective:
     top_entropy_quantile: float = 1.0
     max_len: int | None = None                # max_new_tokens, dr_grpo's constant
 
+    @classmethod
+    def named(cls, loss: str = "grpo", **kwargs) -> "Objective":
+        """An objective from one flat set of keywords: the loss block's fields (clip_eps_high, ...)
+        go to its block, the rest (kl_coef, entropy_coef, correction, ...) to the objective."""
+        settings = get_loss(loss).Settings
+        block = {k: kwargs.pop(k) for k in list(kwargs) if k in settings.model_fields}
+        return cls(loss=loss, params=settings(**block), **kwargs)
+
     @property
     def cls(self):
         return get_loss(self.loss)
@@ -83,8 +91,7 @@ def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> 
 
 def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: Objective, entropy=None, totals=None,
                 engine_logp=None, entropy_coef: float | None = None):
-    """The scalar loss of these rows and their statistics (sums over tokens, for the caller to
-    divide by the mini-batch's tokens). logp (with gradient), old_logp, ref_logp, engine_logp,
+    """The scalar loss of these rows and their statistics (token means). logp (with gradient), old_logp, ref_logp, engine_logp,
     mask, entropy: (B, T); advantages (B,) or (B, T). `engine_logp`: the sampler's own log-probs
     when they differ from the anchor `old_logp` (the correction's other side). `entropy_coef`
     overrides the settings' (an adaptive coefficient). `totals`: see `aggregate`."""
@@ -127,7 +134,7 @@ def policy_loss(logp, old_logp, ref_logp, advantages, mask, s: Objective, entrop
 
 
 def _statistics(logp, old_logp, kl, m, flags: dict, changed) -> dict[str, float]:
-    """Token sums of the loss's statistics (the caller divides by the mini-batch's tokens)."""
+    """The loss's statistics, each a mean over these rows' tokens."""
     logp, ratio = logp.detach(), torch.exp((logp - old_logp).detach())              # (B, T)
     sums = {"kl": (kl.detach() * m).sum(), "approx_kl": (0.5 * (logp - old_logp).pow(2) * m).sum(),
             "ratio_mean": (ratio * m).sum()}
@@ -135,4 +142,5 @@ def _statistics(logp, old_logp, kl, m, flags: dict, changed) -> dict[str, float]
         sums[name] = (flag.to(m.dtype).expand_as(m) * m).sum()
     if changed is not None:
         sums["offpolicy/weight_changed_fraction"] = (changed.to(m.dtype).expand_as(m) * m).sum()
-    return {k: float(v) for k, v in sums.items()}
+    n = float(m.sum()) or 1.0
+    return {k: float(v) / n for k, v in sums.items()}

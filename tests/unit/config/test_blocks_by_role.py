@@ -78,8 +78,9 @@ class Reads:
 
     def __getattr__(self, name):
         value = getattr(self._model, name)
-        if callable(value) and not isinstance(value, BaseModel):  # rl.algorithm_settings(): its block
-            return lambda *a, **k: Reads(value(*a, **k), (*self._path, self._model.algorithm), self._seen)
+        if callable(value) and not isinstance(value, BaseModel):  # rl.algorithm_settings(), learner.loss_settings()
+            block = self._model.algorithm if name == "algorithm_settings" else self._model.loss
+            return lambda *a, **k: Reads(value(*a, **k), (*self._path, block), self._seen)
         if isinstance(value, BaseModel):
             return Reads(value, (*self._path, name), self._seen)
         self._seen.add((*self._path, name))
@@ -97,7 +98,7 @@ def _candidates(model_cls, name, current):
         return [v for v in (current * 2, current + 1, current / 2, 1.5) if v != current]
     if current is None:
         return [16, 64, 3.0, 0.5]
-    return ["rloo"] if name == "algorithm" else []
+    return {"algorithm": ["rloo"], "loss": ["dapo"], "backend": ["vllm"]}.get(name, [])
 
 
 def _as_dumped(model, path) -> tuple:

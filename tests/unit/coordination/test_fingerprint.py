@@ -74,10 +74,13 @@ def test_a_training_change_takes_effect_and_is_recorded(tmp_path):
     run = RLRun(rl_cfg(tmp_path, steps=3, save_every=1, lr=1e-3), init, None)
     run.rollout(0), run.score(0), run.update(0)
     run.close()
-    resumed = RLRun(rl_cfg(tmp_path, steps=3, save_every=1, lr=5e-4, clip_eps_high=0.28), init, None)
-    assert resumed.learner.optimizer.param_groups[0]["lr"] == 5e-4 and resumed.learner.settings.loss.clip_eps_high == 0.28
+    resumed = RLRun(rl_cfg(tmp_path, steps=3, save_every=1, learner={"lr": 5e-4, "grpo": {"clip_eps_high": 0.28}}),
+                    init, None)
+    assert resumed.learner.optimizer.param_groups[0]["lr"] == 5e-4
+    assert resumed.learner.settings.loss.settings.clip_eps_high == 0.28
     record = json.loads((resumed.dir / "resume-changes.jsonl").read_text().splitlines()[-1])
-    assert record["step"] == 1 and record["changes"]["training"] == {"clip_eps_high": [0.2, 0.28], "lr": [1e-3, 5e-4]}
+    assert record["step"] == 1 and record["changes"]["training"] == {"grpo.clip_eps_high": [0.2, 0.28],
+                                                                     "lr": [1e-3, 5e-4]}
     resumed.close()
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hindsight.errors import ConfigError
-from hindsight.learning.algorithms.losses import LossSettings
+from hindsight.learning.losses.objective import Objective
 from hindsight.learning.fit import BudgetFit, fit_budget, fit_line, measure_peak, pending_bytes, rows_that_fit
 from hindsight.learning.update import LearnerSettings, update
 from hindsight.experience import Experience
@@ -65,7 +65,7 @@ def _batch(rows: int, seed: int = 0) -> Experience:
 def test_auto_keeps_the_step_under_a_cap_the_whole_step_would_break():
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    loss = LossSettings(kl_coef=0.0, max_len=COMPLETION)
+    loss = Objective(kl_coef=0.0, max_len=COMPLETION)
     update(model, opt, _batch(4, seed=1), LearnerSettings(loss=loss))  # AdamW's state, as a running learner holds it
     exp, cpu = _batch(ROWS), torch.device("cpu")
     whole = measure_peak(cpu, lambda: update(model, opt, exp, LearnerSettings(loss=loss)))

@@ -3,8 +3,11 @@ import math
 
 import torch
 
+from hindsight.config.legacy import AGGREGATION_LOSS
+
 from helpers import rl_cfg, tiny_init
-from hindsight.learning.algorithms.losses import LossSettings, kl_estimate, policy_loss
+from hindsight.learning.losses.objective import Objective, policy_loss
+from hindsight.learning.terms import kl_estimate
 
 
 def test_k3_kl_stays_finite_on_padding_with_a_very_unlikely_pad_token():
@@ -13,7 +16,7 @@ def test_k3_kl_stays_finite_on_padding_with_a_very_unlikely_pad_token():
     logp = torch.tensor([[-0.5, -1.0, -120.0]], requires_grad=True)  # (1, 3): last position is padding
     ref = torch.tensor([[-0.7, -0.9, 0.0]])                            # padded with 0.0
     mask = torch.tensor([[1, 1, 0]])
-    s = LossSettings(kl_coef=0.1, kl_estimator="k3")
+    s = Objective(kl_coef=0.1, kl_estimator="k3")
     loss, stats = policy_loss(logp, logp.detach(), ref, torch.tensor([1.0]), mask, s)
     loss.backward()
     assert math.isfinite(float(loss)) and torch.isfinite(logp.grad).all()
@@ -57,8 +60,8 @@ def test_dual_clip_caps_the_loss_of_a_negative_advantage_at_clip_ratio_c():
     and its gradient is 0. A positive advantage is not touched."""
     logp = torch.log(torch.tensor([[5.0], [5.0]])).requires_grad_()  # (2, 1); old_logp 0 -> ratio 5
     old, mask, adv = torch.zeros(2, 1), torch.ones(2, 1), torch.tensor([-1.0, 1.0])
-    plain, _ = policy_loss(logp, old, None, adv, mask, LossSettings(loss_agg="token_mean"))
-    dual, stats = policy_loss(logp, old, None, adv, mask, LossSettings(loss_agg="token_mean", clip_ratio_c=3.0))
+    plain, _ = policy_loss(logp, old, None, adv, mask, Objective.named("dapo"))
+    dual, stats = policy_loss(logp, old, None, adv, mask, Objective.named("dapo", clip_ratio_c=3.0))
     # token losses: plain [5, -1.2], dual [3, -1.2]; token_mean over 2 tokens
     assert abs(float(plain) - (5.0 - 1.2) / 2) < 1e-5 and abs(float(dual) - (3.0 - 1.2) / 2) < 1e-5
     dual.backward()
@@ -66,16 +69,15 @@ def test_dual_clip_caps_the_loss_of_a_negative_advantage_at_clip_ratio_c():
     assert stats["dual_clip_fraction"] == 0.5
 
 
-def test_entropy_bonus_follows_the_policy_loss_aggregation():
-    """Two sequences of 1 and 3 tokens, zero advantages, so the loss is -coef * agg(entropy)."""
+def test_entropy_bonus_is_the_mean_token_entropy_whatever_the_loss():
+    """Two sequences of 1 and 3 tokens, zero advantages, so the loss is -coef * mean token entropy,
+    the same for every loss's reduction (TRL's definition: entropy_coef means one thing)."""
     logp = torch.zeros(2, 3)
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
     ent = torch.tensor([[3.0, 9.0, 9.0], [1.0, 2.0, 3.0]])  # padding entropies must not count
-    expected = {"token_mean": (3 + 1 + 2 + 3) / 4, "seq_mean_token_mean": (3 / 1 + 6 / 3) / 2,
-                "seq_mean_token_sum_norm": (3 + 6) / (2 * 3)}
-    for agg, mean_entropy in expected.items():
-        loss, _ = policy_loss(logp, logp, None, torch.zeros(2), mask, LossSettings(loss_agg=agg, entropy_coef=0.1), ent)
-        assert abs(float(loss) + 0.1 * mean_entropy) < 1e-6, agg
+    for loss_name in ("dapo", "grpo", "dr_grpo", "luspo", "sapo"):
+        loss, _ = policy_loss(logp, logp, None, torch.zeros(2), mask, Objective.named(loss_name, entropy_coef=0.1), ent)
+        assert abs(float(loss) + 0.1 * (3 + 1 + 2 + 3) / 4) < 1e-6, loss_name
 
 
 def test_resume_restores_the_saved_rng_state(tmp_path):

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from hindsight.learning.algorithms import advantages as adv
-from hindsight.learning.algorithms.losses import LossSettings, policy_loss, value_loss
+from hindsight.learning.losses.objective import Objective, policy_loss
+from hindsight.learning.terms import value_loss
 from hindsight.learning.update import LearnerSettings, compute_advantages
 from hindsight.experience import Experience
 from hindsight.coordination.replay import group_priority, pick_hard_examples, signal_groups
@@ -75,8 +76,8 @@ def test_value_loss_takes_the_worse_of_raw_and_clipped():
 def test_entropy_bonus_lowers_the_loss_by_coef_times_mean_entropy():
     logp = torch.tensor([[-1.0, -2.0]])
     ent = torch.tensor([[0.5, 1.5]])
-    base, _ = policy_loss(logp, logp, None, torch.tensor([1.0]), torch.ones(1, 2), LossSettings())
-    bonus, _ = policy_loss(logp, logp, None, torch.tensor([1.0]), torch.ones(1, 2), LossSettings(entropy_coef=0.1), ent)
+    base, _ = policy_loss(logp, logp, None, torch.tensor([1.0]), torch.ones(1, 2), Objective())
+    bonus, _ = policy_loss(logp, logp, None, torch.tensor([1.0]), torch.ones(1, 2), Objective(entropy_coef=0.1), ent)
     assert (base - bonus).item() == pytest.approx(0.1 * 1.0)
 
 
@@ -91,7 +92,7 @@ def _exp(rewards, mask, ref=None, logp=None):
 def test_kl_in_reward_changes_grpo_rewards_not_the_loss():
     mask = torch.ones(2, 2, dtype=torch.long)
     ref = torch.tensor([[-1.0, -1.0], [0.0, 0.0]])  # k1 kl = logp - ref = [1, 1] and [0, 0]
-    s = LearnerSettings(algorithm="rloo", reward_kl_coef=0.5, loss=LossSettings(kl_estimator="k1"))
+    s = LearnerSettings(algorithm="rloo", reward_kl_coef=0.5, loss=Objective(kl_estimator="k1"))
     a, _ = compute_advantages(_exp([1.0, 1.0], mask, ref), s)
     # penalised rewards [1 - 0.5*2, 1 - 0] = [0, 1]; RLOO with 2 samples: [-1, 1]
     torch.testing.assert_close(a, torch.tensor([-1.0, 1.0]))

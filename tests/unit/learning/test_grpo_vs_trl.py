@@ -4,10 +4,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from hindsight.config.legacy import AGGREGATION_LOSS
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from hindsight.learning.algorithms.advantages import grpo_advantages, has_signal
-from hindsight.learning.algorithms.losses import LossSettings, aggregate, kl_estimate, policy_loss
+from hindsight.learning.losses.objective import Objective, aggregate, policy_loss
+from hindsight.learning.terms import kl_estimate
 
 
 def test_grpo_advantages_hand_computed():
@@ -47,7 +50,7 @@ def test_aggregations_hand_computed():
 def test_clipping_hand_computed():
     logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5 against old logp 0
     old = torch.zeros(1, 2)
-    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, loss_agg="token_mean")
+    s = Objective.named("dapo", clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0)
     loss_pos, st = policy_loss(logp, old, None, torch.tensor([1.0]), torch.ones(1, 2), s)
     # A>0: min(1.5, 1.28) and min(0.5, 0.8) -> -(1.28 + 0.5)/2
     assert loss_pos.item() == pytest.approx(-(1.28 + 0.5) / 2, abs=1e-6)
@@ -106,7 +109,7 @@ def test_loss_and_gradients_match_trl(ours, theirs, beta):
     adv = grpo_advantages(rewards, group_size=3)
 
     lp_ours = base.clone().requires_grad_(True)
-    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=beta, kl_estimator="k3", loss_agg=ours, max_len=T)
+    s = Objective.named(AGGREGATION_LOSS[ours], clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=beta, kl_estimator="k3", max_len=T)
     loss_ours, _ = policy_loss(lp_ours, old, ref, adv, mask, s)
     loss_ours.backward()
 
@@ -140,7 +143,7 @@ def test_mini_batches_match_trl_steps_per_generation_and_gradient_accumulation(o
     mask[6:] = mask[:6].flip(0)  # both mini-batches hold the same number of tokens
     adv = grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 2.0, 1.0, 0.0, 0.0, 1.0, 0.5],
                                        dtype=torch.float64), group_size=3)
-    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.04, kl_estimator="k3", loss_agg=ours, max_len=T)
+    s = Objective.named(AGGREGATION_LOSS[ours], clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.04, kl_estimator="k3", max_len=T)
     minis = mini_batches(B, 3, per_device * accum)
     assert minis == [list(range(6)), list(range(6, 12))]
     for rows in minis:
@@ -184,7 +187,7 @@ def test_multi_turn_loss_and_gradients_match_trl_with_its_tool_mask(ours, theirs
                      attend, old, 3, action_mask=tool)
 
     lp_ours = base.clone().requires_grad_(True)
-    s = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.04, kl_estimator="k3", loss_agg=ours, max_len=T)
+    s = Objective.named(AGGREGATION_LOSS[ours], clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.04, kl_estimator="k3", max_len=T)
     loss_ours, _ = policy_loss(lp_ours, old, ref, adv, exp.loss_mask, s)
     loss_ours.backward()
 

@@ -138,11 +138,10 @@ def test_loss_and_gradients_equal_trl(batch, loss_type, level):
     for combo in _combos(loss_type, level):
         stats = _compare(batch, combo)
         _, _, mode, _, opsm, _, _ = combo
-        tokens = float(batch["mask"].sum())
         if mode is not None:  # the correction moved some weights, and left some alone
-            assert 0 < stats["offpolicy/weight_changed_fraction"] < tokens, combo
+            assert 0 < stats["offpolicy/weight_changed_fraction"] < 1, combo
         if opsm is not None:
-            assert 0 < stats["offpolicy/sequence_masked_fraction"] < tokens, combo
+            assert 0 < stats["offpolicy/sequence_masked_fraction"] < 1, combo
         if "clip_fraction" in stats and loss_type not in ("sapo", "vespo"):
             assert stats["clip_fraction"] > 0, combo
         n += 1

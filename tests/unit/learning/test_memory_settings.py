@@ -8,7 +8,7 @@ import torch
 
 from hindsight.config import ModelConfig, PipelineConfig
 from hindsight.errors import ConfigError
-from hindsight.learning.algorithms.losses import LossSettings
+from hindsight.learning.losses.objective import Objective
 from hindsight.learning.build import build_optimizer, build_policy
 from hindsight.learning.update import LearnerSettings, update
 from hindsight.models.load import load_causal_lm, load_tokenizer
@@ -32,7 +32,7 @@ def _rl(**kw):
 def _grads(path, exp, checkpointing):
     model = build_policy(path, ModelConfig(gradient_checkpointing=checkpointing), _rl())
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a step of 0: the gradients are what is compared
-    update(model, opt, copy.deepcopy(exp), LearnerSettings(loss=LossSettings(kl_coef=0.0, max_len=6)))
+    update(model, opt, copy.deepcopy(exp), LearnerSettings(loss=Objective(kl_coef=0.0, max_len=6)))
     return model, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -53,7 +53,7 @@ def test_bf16_compute_keeps_float32_master_weights_and_a_small_step_moves_them(t
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = build_optimizer(model, lr=1e-6)
-    update(model, opt, copy.deepcopy(exp), LearnerSettings(loss=LossSettings(kl_coef=0.0, max_len=6)))
+    update(model, opt, copy.deepcopy(exp), LearnerSettings(loss=Objective(kl_coef=0.0, max_len=6)))
     state = next(iter(opt.state.values()))
     assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
     got, changed = 0, 0

@@ -8,11 +8,13 @@ import copy
 import pytest
 import torch
 
+from hindsight.config.legacy import AGGREGATION_LOSS
+
 from hindsight.learning.algorithms.ppo import PPOSettings
 from hindsight.experience import micro_batches, trimmed
 from hindsight.learning.batching import Totals, mini_batches
 from hindsight.learning.update import LearnerSettings, update
-from hindsight.learning.algorithms.losses import LossSettings, aggregate
+from hindsight.learning.losses.objective import Objective, aggregate
 from hindsight.models.load import load_causal_lm, load_reward_model, load_tokenizer
 from hindsight.models.tiny import build_tiny_model
 from hindsight.rollout.hf import sample_groups
@@ -64,7 +66,7 @@ def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4, packin
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     s = LearnerSettings(algorithm=algorithm, params=params, mini_batch_size=mini, micro_batch_tokens=budget,
                         packing=packing,
-                        loss=LossSettings(loss_agg=agg, kl_coef=0.05, max_len=exp.completion_ids.size(1), entropy_coef=0.01))
+                        loss=Objective.named(AGGREGATION_LOSS.get(agg, agg), kl_coef=0.05, max_len=exp.completion_ids.size(1), entropy_coef=0.01))
     metrics = update(model, opt, _double(exp), s, critic, critic_opt)
     return model, critic, metrics
 

@@ -114,12 +114,12 @@ def test_environment_turns_get_exactly_zero_gradient(tiny):
     assert (exp.completion_mask.sum() > exp.loss_mask.sum()), "there are environment tokens"
     exp.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     # the gradient of the loss with respect to each position's log-prob: zero off the sampled tokens
-    from hindsight.learning.algorithms.losses import LossSettings, policy_loss
+    from hindsight.learning.losses.objective import Objective, policy_loss
     from hindsight.learning.algorithms.advantages import grpo_advantages
 
     logp = exp.logprobs.clone().double().requires_grad_(True)
     loss, _ = policy_loss(logp, exp.logprobs.double() - 0.1, None, grpo_advantages(exp.rewards.double(), 2),
-                          exp.loss_mask.double(), LossSettings(loss_agg="token_mean"))
+                          exp.loss_mask.double(), Objective.named("dapo"))
     loss.backward()
     env = (exp.completion_mask * (1 - exp.action_mask)).bool()
     assert logp.grad[env].abs().max() == 0 and logp.grad[exp.loss_mask.bool()].abs().sum() > 0

@@ -122,18 +122,38 @@ def test_the_ratio_is_anchored_on_the_learner_not_on_the_engines_renormalised_lo
     run.close()
 
 
-def test_truncated_importance_sampling_weights_the_engine_gap(tmp_path, monkeypatch):
-    run = _nucleus_run(tmp_path, monkeypatch, **{"async": {"is_correction": "tis", "is_cap": 2.0}})
+def test_the_engine_gap_is_measured_and_corrected(tmp_path, monkeypatch):
+    """vLLM's nucleus log-probs against the learner's: the step logs the gap, and a token-level
+    truncation at 0.8 moves every weight (each is 0.72)."""
+    run = _nucleus_run(tmp_path, monkeypatch, learner={"correction": {"level": "token", "action": "truncate",
+                                                                      "clip_min": 0.8, "clip_max": 2.0}})
     metrics = run.update(0)
-    # w = min(exp(learner - engine), cap) = 0.72 on every token
-    assert abs(metrics["is/mean"] - 0.72) < 1e-4 and abs(metrics["is/max"] - 0.72) < 1e-4
-    assert metrics["is/capped_fraction"] == 0.0
+    gap = -torch.log(torch.tensor(0.72)).item()  # log p_engine - log p_learner on every token
+    assert abs(metrics["offpolicy/mismatch_kl_k1"] - gap) < 1e-4
+    assert abs(metrics["offpolicy/mismatch_kl_k3"] - (0.72 - 1 + gap)) < 1e-4
+    assert abs(metrics["offpolicy/ratio_p50"] - 0.72) < 1e-4 and abs(metrics["offpolicy/max_token_gap"] - gap) < 1e-4
+    assert metrics["offpolicy/corrected_fraction"] == 1.0
     run.close()
 
 
-def test_tis_weights_by_hand():
-    from hindsight.learning.algorithms.losses import tis_weights
+def test_vllm_gets_trls_default_correction():
+    from hindsight.config import PipelineConfig
+    from hindsight.learning.update import resolved_correction
 
-    old, engine = torch.tensor([[-1.0, -1.0, 0.0]]), torch.tensor([[-2.0, -0.5, 0.0]])
-    w = tis_weights(old, engine, cap=2.0)                       # exp(1) capped at 2, exp(-0.5)
-    torch.testing.assert_close(w, torch.tensor([[2.0, 0.6065307, 1.0]]))
+    rl = PipelineConfig.model_validate({"rl": {"rollout": {"backend": "vllm"}}}).rl
+    c = resolved_correction(rl)
+    assert (c.level, c.action, c.clip_min, c.clip_max) == ("sequence", "mask", None, 3.0)
+    assert resolved_correction(PipelineConfig().rl).level == "none"  # hf: the learner's own forward
+
+
+def test_importance_weights_by_hand():
+    from hindsight.learning.correction import Correction, importance_weights
+
+    old, engine, mask = torch.tensor([[-1.0, -1.0, 0.0]]), torch.tensor([[-2.0, -0.5, 0.0]]), torch.ones(1, 3)
+    w, moved = importance_weights(old, engine, mask, Correction(level="token", action="truncate", clip_max=2.0))
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.6065307, 1.0]]))  # exp(1) capped at 2, exp(-0.5)
+    assert moved.tolist() == [[True, False, False]]
+    w, moved = importance_weights(old, engine, mask, Correction(level="sequence", action="mask", clip_max=1.5))
+    torch.testing.assert_close(w, torch.tensor([[0.0]]))  # exp(0.5) = 1.65 > 1.5: masked
+    w, _ = importance_weights(old, engine, mask, Correction(level="geometric", action="mask", clip_max=1.5))
+    torch.testing.assert_close(w, torch.tensor([[1.1813604]]))  # exp(0.5 / 3)
