@@ -76,13 +76,21 @@ RAY2 = {"placement": "ray", "learner": 2, "learner_strategy": "fsdp2"}
 # so the critic's packed forwards are in it too
 PACKED = {**BATCHING, "learner": {"packing": "on"}}
 
+# the sequence-level and the clipped-weight losses, mini- and micro-batched, ratios off 1 after step 0
+GSPO = {**BATCHING, "learner": {"loss": "gspo"}}
+CISPO = {**BATCHING, "learner": {"loss": "cispo", "cispo": {"clip_max": 1.05}}}
+
 
 @pytest.mark.parametrize("algorithm,batching", [
-    ("grpo", {}), ("grpo", BATCHING), ("ppo", {}), ("ppo", BATCHING), ("ppo", PACKED)],
-    ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed"])
+    ("grpo", {}), ("grpo", BATCHING), ("ppo", {}), ("ppo", BATCHING), ("ppo", PACKED), ("grpo", GSPO),
+    ("grpo", CISPO)],
+    ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed", "gspo-mini-micro",
+         "cispo-mini-micro"])
 def test_fsdp2_group_of_two_trains_what_one_process_trains(init, tmp_path, algorithm, batching):
     work, path = init
     padded = {k: v for k, v in batching.items() if k != "learner"}  # the one process always runs padded
+    if "learner" in batching:
+        padded["learner"] = {k: v for k, v in batching["learner"].items() if k != "packing"}
     one = run_steps(config(work, tmp_path / "one", algorithm, **padded), path)
     two = run_steps(config(work, tmp_path / "two", algorithm, RAY2, **batching), path)
     try:

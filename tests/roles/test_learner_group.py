@@ -60,12 +60,20 @@ BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 24}
 # so the critic's packed forwards are in it too
 PACKED = {**BATCHING, "learner": {"packing": "on"}}
 
+# the sequence-level and the clipped-weight losses, mini- and micro-batched, ratios off 1 after step 0
+GSPO = {**BATCHING, "learner": {"loss": "gspo"}}
+CISPO = {**BATCHING, "learner": {"loss": "cispo", "cispo": {"clip_max": 1.05}}}
+
 
 @pytest.mark.parametrize("algorithm,batching", [
-    ("grpo", {}), ("grpo", BATCHING), ("ppo", {}), ("ppo", BATCHING), ("ppo", PACKED)],
-    ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed"])
+    ("grpo", {}), ("grpo", BATCHING), ("ppo", {}), ("ppo", BATCHING), ("ppo", PACKED), ("grpo", GSPO),
+    ("grpo", CISPO)],
+    ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed", "gspo-mini-micro",
+         "cispo-mini-micro"])
 def test_two_learners_train_what_one_trains(init, tmp_path, algorithm, batching):
     padded = {k: v for k, v in batching.items() if k != "learner"}  # the one process always runs padded
+    if "learner" in batching:
+        padded["learner"] = {k: v for k, v in batching["learner"].items() if k != "packing"}
     one, _, _ = _run(*init, tmp_path / "one", algorithm, {}, **padded)
     two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray", "learner": 2}, **batching)
     moved = max((a - b).abs().max().item() for a, b in zip(one.policy.parameters(), two.policy.parameters()))

@@ -53,7 +53,7 @@ def _double(exp):
     return exp
 
 
-def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4, packing="off"):
+def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4, packing="off", **objective):
     torch.manual_seed(0)
     model = load_causal_lm(path).double()
     critic = critic_opt = None
@@ -66,7 +66,8 @@ def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4, packin
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     s = LearnerSettings(algorithm=algorithm, params=params, mini_batch_size=mini, micro_batch_tokens=budget,
                         packing=packing,
-                        loss=Objective.named(AGGREGATION_LOSS.get(agg, agg), kl_coef=0.05, max_len=exp.completion_ids.size(1), entropy_coef=0.01))
+                        loss=Objective.named(AGGREGATION_LOSS.get(agg, agg), kl_coef=0.05,
+                                             max_len=exp.completion_ids.size(1), entropy_coef=0.01, **objective))
     metrics = update(model, opt, _double(exp), s, critic, critic_opt)
     return model, critic, metrics
 
@@ -95,6 +96,41 @@ def test_a_micro_batched_step_equals_the_whole_batch_step(batch, algorithm, agg)
             assert m["critic/loss"] == pytest.approx(m_whole["critic/loss"], rel=1e-5)
         assert m["loss"] == pytest.approx(m_whole["loss"], rel=1e-5, abs=1e-7)
         assert m["entropy"] == pytest.approx(m_whole["entropy"], rel=1e-5)
+
+
+def _off_policy(exp):
+    """The batch as an async or vLLM run stores it: behaviour log-probs of another policy (ratios
+    far from 1, clips firing) and an engine's own, further off (the correction firing)."""
+    exp = copy.deepcopy(exp)
+    g = torch.Generator().manual_seed(11)
+    m = exp.completion_mask.float()
+    exp.logprobs = exp.logprobs + 0.6 * torch.randn(exp.logprobs.shape, generator=g) * m
+    exp.engine_logprobs = exp.logprobs + 0.4 * torch.randn(exp.logprobs.shape, generator=g) * m
+    return exp
+
+
+@pytest.mark.parametrize("loss", ["gspo", "cispo", "sapo", "luspo"])
+def test_the_new_losses_micro_batched_and_packed_equal_the_whole_batch(batch, loss):
+    """A sequence-level ratio needs its whole sequence in one micro-batch, which the cut keeps;
+    with the correction (sequence mask) and the off-policy sequence mask firing, every budget and
+    packing give the whole batch's step."""
+    from hindsight.learning.correction import Correction
+
+    path, pad_id, exp = batch
+    exp = _off_policy(exp)
+    params = {"gspo": {"clip_eps_low": 0.1, "clip_eps_high": 0.1}, "luspo": {"clip_eps_low": 0.1, "clip_eps_high": 0.1},
+              "cispo": {"clip_max": 1.2}}.get(loss, {})
+    kw = dict(correction=Correction(level="sequence", action="mask", clip_max=3.0, clip_min=0.3),
+              kl_bias_correction=True, **params)
+    whole, _, m_whole = _train(path, pad_id, exp, "grpo", loss, None, **kw)
+    assert m_whole["offpolicy/corrected_fraction"] > 0 and m_whole.get("clip_fraction", 1.0) > 0
+    moved = max((p - q).abs().max().item() for p, q in zip(whole.parameters(), load_causal_lm(path).double().parameters()))
+    assert moved > 5e-5
+    for budget, packing in ((1, "off"), (40, "off"), (90, "on")):
+        micro, _, m = _train(path, pad_id, exp, "grpo", loss, budget, packing=packing, **kw)
+        assert m["learn/micro_batches"] > 1
+        _assert_same(micro, whole)
+        assert m["loss"] == pytest.approx(m_whole["loss"], rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
