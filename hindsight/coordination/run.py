@@ -73,6 +73,9 @@ class RLRun:
                                       f"beyond model.max_weight_abs {cfg.model.max_weight_abs:g}: a diverged run, not "
                                       f"one to resume; rerun with --force to start over")
             self._fit_budget(rows, start)  # before the roles: their forwards read the fitted budget
+            entropy = self.ckpt.manifest().get("entropy_control") if start else None
+            if entropy is not None:  # the adaptive coefficient where the run it continues left it
+                self.learner.restore_entropy(entropy)
             self._start_roles(start, rows, pad_id, rm_path)
         except BaseException:  # what did start (the learner group, Ray pools) stops with the failure
             self._close_started()
@@ -255,6 +258,8 @@ class RLRun:
                                  f"{self.newest_checkpoint()}")
         self.rollouts.wait_ahead(done)  # async: the shards sampled with versions no checkpoint keeps
         kept = {"micro_batch_fit": self.learner.budget_fit} if self.learner.budget_fit else {}
+        if self.learner.settings.entropy is not None:
+            kept["entropy_control"] = self.learner.settings.entropy.state()
         self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint, **kept})
 
     def _set_lr(self) -> None:

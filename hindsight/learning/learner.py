@@ -79,6 +79,11 @@ class Learner:
         with self.alongside("fit", prompt, completion, None, kept):
             return self.rank.fit(prompt, completion, None, kept)
 
+    def restore_entropy(self, state: dict) -> None:
+        """The adaptive entropy coefficient a checkpoint kept, on every rank."""
+        with self.alongside("restore_entropy", state):
+            self.rank.restore_entropy(state)
+
     @property
     def budget_fit(self) -> dict | None:
         return self.rank.budget.to_json() if self.rank.budget is not None else None

@@ -99,6 +99,10 @@ class LearnerRank:
         cap = memory_cap(device, configured)
         return cap if configured is not None or device.type == "cuda" else cap // self.world  # one machine's, shared
 
+    def restore_entropy(self, state: dict) -> None:
+        if self.settings.entropy is not None:
+            self.settings.entropy.load(state)
+
     # --- what rank 0 calls on a peer, alongside its own call --------------------------------
     def ready(self) -> int:
         return self.rank
