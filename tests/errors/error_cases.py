@@ -525,6 +525,36 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, cfg)))
 
 
+@case("loss-unknown")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", learner={"loss": "gpo"})
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("loss-setting-of-another-loss")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", learner={"loss": "grpo", "grpo": {"temperature_pos": 2.0}})
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("loss-block-not-chosen")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", learner={"loss": "grpo", "sapo": {"temperature_pos": 2.0}})
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("loss-sequence-with-token-advantages")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", algorithm="reinforce_pp", learner={"loss": "gspo"})
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
+@case("loss-correction-level-refused")
+def _(ws, tmp):
+    cfg = base_config(ws, tmp / "run", learner={"loss": "vespo", "correction": {"level": "sequence"}})
+    return Case(rl_args(write_config(tmp, cfg)))
+
+
 @case("tiny-model-unknown")
 def _(ws, tmp):
     cfg = base_config(ws, tmp / "run", init="tiny://nope")
