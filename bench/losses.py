@@ -5,7 +5,7 @@
 
 `sum`: one SFT checkpoint (TRL's SFTTrainer), then for each loss and seed the real RL flow on the
 long-completion worked sums (16 prompts x 8 samples, 24 new tokens, lr 2e-4, KL 0.02, mini-batches
-of 32: four optimizer steps a step), as bench/algorithms.py runs the algorithms. `smollm2`:
+of 64: two optimizer steps a step), as bench/algorithms.py runs the algorithms. `smollm2`:
 configs/examples/smollm2-reasoning.yaml (4 prompts x 8 samples, 64 new tokens, lr 1e-5,
 mini-batches of 16) for fewer steps, one seed. In one on-policy pass every loss here has the same
 gradient (the ratio is 1, and at 1 the clips, the soft gate and the sequence ratio all pass the
@@ -41,9 +41,9 @@ def sum_config(work: Path, init: str, loss: str, seed: int, steps: int) -> dict:
     cfg = config(work, init, "grpo", seed, steps)
     cfg["name"], cfg["run_dir"] = f"loss-{loss}-{seed}", str(work / f"{loss}-{seed}")
     rl = cfg["rl"]
-    # four optimizer steps a step: on-policy in one pass the losses' gradients coincide (the ratio is 1),
-    # so the later mini-batches, off policy, are where they differ
-    rl["learner"] = {"lr": rl.pop("lr"), "loss": loss, "mini_batch_size": 32}
+    # two optimizer steps a step: on-policy in one pass the losses' gradients coincide (the ratio is 1),
+    # so the second mini-batch, off policy, is where they differ
+    rl["learner"] = {"lr": rl.pop("lr"), "loss": loss, "mini_batch_size": 64}
     rl["scoring"] = {"rewards": rl.pop("rewards")}
     return cfg
 

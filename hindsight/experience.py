@@ -169,7 +169,7 @@ def trimmed(exp: Experience, rows: list[int]) -> Experience:
     for k, v in vars(part).items():
         if k in ("prompt_ids", "prompt_mask"):
             v = v[:, v.size(1) - p:]                                          # (b, p)
-        elif isinstance(v, torch.Tensor) and v.dim() == 2:
+        elif isinstance(v, torch.Tensor) and v.dim() == 2 and k != "reward_parts":
             v = v[:, :t]                                                      # (b, t): every token-level field
         out[k] = v
     return Experience(**out)

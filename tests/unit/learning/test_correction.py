@@ -55,3 +55,20 @@ def test_no_engine_log_probs_is_no_gap(sampled):
     model = load_causal_lm(path)
     m = update(model, torch.optim.AdamW(model.parameters(), lr=1e-4), copy.deepcopy(exp), LearnerSettings())
     assert m["offpolicy/mismatch_kl_k1"] == 0.0 and m["offpolicy/corrected_fraction"] == 0.0
+
+
+def test_an_async_correction_anchors_on_the_learner_and_weighs_the_stale_log_probs(sampled):
+    """Stored log-probs of a stale version (here: the learner's own, pulled away): with the
+    correction on in an async run, the ratio is taken against the learner's forward at the step's
+    start (so it is 1 on the first pass), and the stale log-probs become the engine's side."""
+    path, exp = sampled
+    stale = copy.deepcopy(exp)
+    g = torch.Generator().manual_seed(3)
+    stale.logprobs = (exp.logprobs + 0.5 * torch.randn(exp.logprobs.shape, generator=g)) * exp.completion_mask
+    correction = Correction(level="token", action="truncate", clip_max=1.5, recompute_anchor=True)
+    model = load_causal_lm(path)
+    m = update(model, torch.optim.AdamW(model.parameters(), lr=1e-4), stale,
+               LearnerSettings(loss=Objective(correction=correction)))
+    assert abs(m["ratio_mean/iter0"] - 1.0) < 1e-5  # against the anchor, not the stale numbers
+    torch.testing.assert_close(stale.logprobs, exp.logprobs, atol=1e-5, rtol=0)  # the anchor: the learner's forward
+    assert m["offpolicy/mismatch_kl_k3"] > 0.05 and 0 < m["offpolicy/corrected_fraction"] < 1

@@ -120,10 +120,12 @@ def test_the_new_losses_micro_batched_and_packed_equal_the_whole_batch(batch, lo
     exp = _off_policy(exp)
     params = {"gspo": {"clip_eps_low": 0.1, "clip_eps_high": 0.1}, "luspo": {"clip_eps_low": 0.1, "clip_eps_high": 0.1},
               "cispo": {"clip_max": 1.2}}.get(loss, {})
-    kw = dict(correction=Correction(level="sequence", action="mask", clip_max=3.0, clip_min=0.3),
+    kw = dict(correction=Correction(level="sequence", action="mask", clip_max=3.0, clip_min=0.3, off_policy_mask=0.05),
               kl_bias_correction=True, **params)
     whole, _, m_whole = _train(path, pad_id, exp, "grpo", loss, None, **kw)
     assert m_whole["offpolicy/corrected_fraction"] > 0 and m_whole.get("clip_fraction", 1.0) > 0
+    assert 0 < m_whole["offpolicy/weight_changed_fraction"] < 1  # the loss itself was corrected
+    assert 0 < m_whole["offpolicy/sequence_masked_fraction"] < 1
     moved = max((p - q).abs().max().item() for p, q in zip(whole.parameters(), load_causal_lm(path).double().parameters()))
     assert moved > 5e-5
     for budget, packing in ((1, "off"), (40, "off"), (90, "on")):
