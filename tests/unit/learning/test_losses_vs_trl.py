@@ -73,7 +73,7 @@ def batch():
             "mask": mask, "adv": grpo_advantages(rewards, GROUP)}
 
 
-def _ours(loss_type, level, mode, clip_min, opsm, beta, bias, delta, b):
+def _ours(loss_type, level, mode, clip_min, opsm, beta, bias, delta):
     """Our objective for the TRL settings: the loss by TRL's name, its block, the correction."""
     cls = get_loss(loss_type)
     block = {"ratio_level": level}
@@ -107,7 +107,7 @@ def _compare(b, combo) -> dict:
     engine = b["engine"] if mode is not None else None
     lp_ours = b["logp"].clone().requires_grad_(True)
     ours, stats = policy_loss(lp_ours, b["old"], b["ref"], b["adv"], b["mask"],
-                              _ours(loss_type, level, mode, clip_min, opsm, beta, bias, delta, b), engine_logp=engine)
+                              _ours(loss_type, level, mode, clip_min, opsm, beta, bias, delta), engine_logp=engine)
     ours.backward()
     lp_trl = b["logp"].clone().requires_grad_(True)
     theirs, _ = trl_loss(_theirs(loss_type, level, mode, clip_min, opsm, beta, bias, delta), lp_trl, b["old"], b["ref"],
@@ -186,3 +186,27 @@ def test_entropy_bonus_and_top_entropy_quantile_equal_trl(batch, loss_type, quan
     assert abs(ours.item() - theirs.item()) < 1e-6
     assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6, rtol=0)
     assert torch.allclose(ent_grad, entropy.grad, atol=1e-9, rtol=0) and ent_grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "sapo", "cispo", "luspo", "vespo"])
+def test_multi_turn_sequence_ratios_cover_model_tokens_only_as_trls_tool_mask(batch, loss_type):
+    """A tool's reply inside each trajectory (TRL's tool_mask 0, our action mask 0): the sequence
+    ratio, the correction's weights and the reduction run over model tokens only, equal to TRL's,
+    and no gradient reaches a tool token."""
+    tool = torch.ones(B, T, dtype=torch.float64)
+    tool[:, 3:5] = 0
+    level = "token" if loss_type == "vespo" else "sequence"
+    mode = "token_mask" if loss_type == "vespo" else "sequence_mask"
+    combo = (loss_type, level, mode, None, 0.3, 0.04, True, None)
+    lp_ours = batch["logp"].clone().requires_grad_(True)
+    ours, stats = policy_loss(lp_ours, batch["old"], batch["ref"], batch["adv"], batch["mask"] * tool,
+                              _ours(*combo), engine_logp=batch["engine"])
+    ours.backward()
+    lp_trl = batch["logp"].clone().requires_grad_(True)
+    theirs, _ = trl_loss(_theirs(*combo), lp_trl, batch["old"], batch["ref"], batch["adv"].unsqueeze(1),
+                         batch["mask"], engine=batch["engine"], tool_mask=tool)
+    theirs.backward()
+    assert abs(ours.item() - theirs.item()) < 1e-6
+    assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6, rtol=0)
+    assert lp_ours.grad[:, 3:5].abs().max() == 0 and lp_ours.grad.abs().sum() > 0
+    assert 0 < stats["offpolicy/weight_changed_fraction"] < 1

@@ -75,15 +75,17 @@ def trainer(args: GRPOConfig, max_len: int, use_vllm: bool):
     return fake
 
 
-def importance_ratio(fake, old: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def importance_ratio(fake, old: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor,
+                     tool_mask: torch.Tensor | None = None) -> torch.Tensor:
     scope = {"self": fake, "old_per_token_logps": old, "sampling_per_token_logps": engine, "completion_mask": mask,
-             "tool_mask": None, "torch": torch, "math": math}
+             "tool_mask": tool_mask, "torch": torch, "math": math}
     exec(IS_BLOCK, scope)  # noqa: S102  (TRL's own source, installed)
     return scope["vllm_importance_sampling_ratio"]
 
 
-def trl_loss(args: GRPOConfig, logp, old, ref, adv, mask, engine=None, entropy=None):
-    """TRL's loss on these tensors; `engine` given: use_vllm with its sampling log-probs."""
+def trl_loss(args: GRPOConfig, logp, old, ref, adv, mask, engine=None, entropy=None, tool_mask=None):
+    """TRL's loss on these tensors; `engine` given: use_vllm with its sampling log-probs;
+    `tool_mask` (multi-turn): 0 on the tokens tools and environments wrote."""
     use_vllm = engine is not None
     fake = trainer(args, mask.size(1), use_vllm)
     fake._get_per_token_logps_and_entropies = lambda *a, **k: (
@@ -91,9 +93,11 @@ def trl_loss(args: GRPOConfig, logp, old, ref, adv, mask, engine=None, entropy=N
     inputs = {"prompt_ids": torch.zeros(logp.size(0), 2, dtype=torch.long), "prompt_mask": torch.ones(logp.size(0), 2),
               "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
               "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
-              "num_items_in_batch": mask.sum()}
+              "num_items_in_batch": (mask if tool_mask is None else mask * tool_mask).sum()}
+    if tool_mask is not None:
+        inputs["tool_mask"] = tool_mask
     if use_vllm:
         inputs["sampling_per_token_logps"] = engine
         if args.vllm_importance_sampling_correction:
-            inputs["importance_sampling_ratio"] = importance_ratio(fake, old, engine, mask)
+            inputs["importance_sampling_ratio"] = importance_ratio(fake, old, engine, mask, tool_mask)
     return GRPOTrainer._compute_loss(fake, None, inputs), fake._metrics["train"]
