@@ -11,6 +11,14 @@ import torch
 LOG_RATIO_CLAMP = 20.0  # verl's and OpenRLHF's bound: exp(20) is finite in float32, exp(89) is not
 
 
+# Schulman's estimators of KL(pi || ref) from r = log(ref / pi) on samples of pi: (B, T) -> (B, T)
+KL_ESTIMATORS = {
+    "k1": lambda r: -r,
+    "k2": lambda r: 0.5 * r.pow(2),
+    "k3": lambda r: torch.exp(r) - r - 1,   # unbiased and >= 0
+}
+
+
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3",
                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token KL(pi || ref) estimate from samples of pi (Schulman's k1/k2/k3).
@@ -20,16 +28,12 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3
     0.0 while the policy's log-prob of the pad token can be far below -89, and exp(inf) * 0
     would be NaN in the loss and every gradient.
     """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator: {estimator}")
     log_ratio = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)    # (B, T)  log(ref/pi)
     if mask is not None:
         log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
-    if estimator == "k1":
-        return -log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.pow(2)
-    if estimator == "k3":
-        return torch.exp(log_ratio) - log_ratio - 1
-    raise ValueError(f"unknown KL estimator: {estimator}")
+    return KL_ESTIMATORS[estimator](log_ratio)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

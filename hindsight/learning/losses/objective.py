@@ -47,6 +47,15 @@ class Objective:
         return self.params if self.params is not None else self.cls.Settings()
 
 
+# (masked per-token loss (B, T), mask (B, T), the mini-batch's tokens, its sequences, max_len) -> scalar
+REDUCTIONS = {
+    "token_mean": lambda x, m, tokens, seqs, max_len: x.sum() / max(tokens, 1.0),
+    "seq_mean_token_mean": lambda x, m, tokens, seqs, max_len: (x.sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / seqs,
+    "seq_mean_token_sum_norm": lambda x, m, tokens, seqs, max_len: x.sum() / (seqs * max_len),
+    "seq_mean_token_sum": lambda x, m, tokens, seqs, max_len: x.sum() / seqs,
+}
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int | None = None,
               totals=None) -> torch.Tensor:
     """Reduce a (B, T) (or (B, 1), broadcast) per-token loss to a scalar.
@@ -59,19 +68,12 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_len: i
     are one micro-batch of it: the sum of its micro-batches' losses is then the mini-batch's
     loss, not a mean of micro-batch means. None: these rows are the whole batch.
     """
+    if mode not in REDUCTIONS:
+        raise ValueError(f"unknown loss aggregation: {mode}")
     mask = mask.to(per_token.dtype)                                          # (B, T)
-    summed = per_token * mask                                                # (B, T)
     tokens = totals.tokens if totals is not None else float(mask.sum())
     seqs = totals.seqs if totals is not None else mask.size(0)
-    if mode == "token_mean":
-        return summed.sum() / max(tokens, 1.0)
-    if mode == "seq_mean_token_mean":
-        return (summed.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / seqs
-    if mode == "seq_mean_token_sum_norm":
-        return summed.sum() / (seqs * (max_len or mask.size(1)))
-    if mode == "seq_mean_token_sum":
-        return summed.sum() / seqs
-    raise ValueError(f"unknown loss aggregation: {mode}")
+    return REDUCTIONS[mode](per_token * mask, mask, tokens, seqs, max_len or mask.size(1))
 
 
 def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
