@@ -46,6 +46,27 @@ def test_every_sample_is_exactly_k_versions_behind(tiny_init, tmp_path, k):
     assert run.rollouts.sampler.proc.poll() is not None  # closed with the run
 
 
+def test_a_correction_in_an_async_run_weighs_the_staleness(tiny_init, tmp_path):
+    """k = 1 with the correction on: the ratio is anchored on the learner's weights at each step's
+    start (1 on the first pass), and the gap to the version s - 1 that sampled is measured and
+    corrected: none at step 0 (version 0 is the learner's), some after."""
+    work, init = tiny_init
+    correction = {"level": "token", "action": "truncate", "clip_min": 0.95, "clip_max": 1.05}
+    run = RLRun(PipelineConfig.model_validate(_cfg(work, tmp_path / "run", 1, steps=4,
+                                                   learner={"correction": correction})), init, None)
+    try:
+        gaps = []
+        for step in range(4):
+            run.rollout(step), run.score(step)
+            m = run.update(step)
+            assert abs(m["ratio_mean/iter0"] - 1.0) < 1e-5
+            gaps.append((m["offpolicy/mismatch_kl_k3"], m["offpolicy/corrected_fraction"]))
+        assert gaps[0] == (0.0, 0.0) or gaps[0][0] < 1e-9
+        assert all(k3 > 0 and frac > 0 for k3, frac in gaps[2:]), gaps
+    finally:
+        run.close()
+
+
 def _drive(cfg_path, init, env=None, kill_after=None):
     """Run the driver; SIGKILL it after `kill_after` seconds if given. Returns its JSON lines
     (and the tail of its stderr as the last line when it failed)."""
