@@ -154,7 +154,8 @@ def cache_inputs(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, dat
             "data_files": {n: _external_file_hash(cfg, getattr(cfg.data, n)) for n in spec.data},
             "rewards": {r: reward_source_hash(r) for r in (getattr(x, "fn", x) for x in spec.rewards(cfg))},
             "state": spec.state(cfg) if spec.state else None,
-            **({"code": {c: reward_source_hash(c) for c in code}} if (code := spec.code(cfg)) else {})}
+            # the multi-turn tools' and environments' source: not "code", which cache_key sets to the packages' hash
+            **({"tool_code": {c: reward_source_hash(c) for c in code}} if (code := spec.code(cfg)) else {})}
 
 
 def cache_key(spec: StageSpec, cfg: PipelineConfig, model_versions: dict, data_md5: str, store: str,

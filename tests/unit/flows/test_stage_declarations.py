@@ -104,3 +104,18 @@ def test_model_names_come_from_one_function():
     assert [model_name(cfg, s.registers) for s in SPECS] == ["demo-sft", "demo-rm", "demo-policy", "demo-negft"]
     assert model_uri(cfg, "sft") == "models:/demo-sft@latest"
     assert RL.models(cfg)["rl.init"] == "models:/demo-sft@latest"
+
+
+def test_editing_a_tool_outside_our_packages_reruns_rl(workspace):
+    """A multi-turn tool's module is an input of the RL stage, beside the packages' own code: its
+    source hash and the code hash are two entries of the key (one used to overwrite the other)."""
+    tmp, cfg = workspace
+    (tmp / "my_tools.py").write_text("def add(a: int, b: int) -> int:\n    \"\"\"Add.\"\"\"\n    return a + b\n")
+    sys.modules.pop("my_tools", None)
+    raw = cfg.model_dump(mode="json", by_alias=True)
+    raw["rl"]["rollout"]["multi_turn"] = {"tools": ["my_tools:add"], "max_turns": 2, "max_tokens": 64}
+    cfg = PipelineConfig.model_validate(raw)
+    before = _key(RL, cfg)
+    (tmp / "my_tools.py").write_text("def add(a: int, b: int) -> int:\n    \"\"\"Add.\"\"\"\n    return a + b + 1\n")
+    assert _key(RL, cfg) != before
+    assert cache_key(RL, cfg, {"m": "x/1"}, "md5-a", store="store", code="other") != _key(RL, cfg)  # and the code's
