@@ -3,8 +3,6 @@ import math
 
 import torch
 
-from hindsight.config.legacy import AGGREGATION_LOSS
-
 from helpers import rl_cfg, tiny_init
 from hindsight.learning.losses.objective import Objective, policy_loss
 from hindsight.learning.terms import kl_estimate
