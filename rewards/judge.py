@@ -57,7 +57,7 @@ def parse_score(answer: str, min_score: float = 0.0, max_score: float = 1.0, bou
     if json_format:
         value = _json_score(text)
     else:
-        found = [m.group(1) for m in map(_VERDICT.match, text.splitlines()) if m]
+        found = [m.group(1) for m in map(_VERDICT.match, lines(text)) if m]
         value = float(found[0]) if len(found) == 1 else None
     if value is None or not min_score <= value <= max_score:
         return None
@@ -87,11 +87,18 @@ def _markers(boundary: str) -> tuple[str, str]:
     return f"<<<ANSWER {boundary}>>>", f"<<<END OF ANSWER {boundary}>>>"
 
 
+def lines(text: str) -> list[str]:
+    """The one definition of a line, for the escaping and for the verdict alike: every break
+    `str.splitlines` knows (\\r, \\x0b, \\x0c, \\x1c-\\x1e, \\x85, U+2028, U+2029 as well as \\n)."""
+    return text.splitlines()
+
+
 def delimited(completion: str, boundary: str) -> str:
     """The completion between its markers: a marker-like sequence inside it is escaped, and so
-    is a line that reads like a verdict, so neither can pass for the judge's own."""
+    is a line that reads like a verdict, so neither can pass for the judge's own. Its lines go to
+    the judge joined by plain newlines, so a Unicode line break cannot hide a verdict line."""
     body = completion.replace("<<<", "<\\<<")
-    body = "\n".join(f"\\{line}" if _VERDICT.match(line) else line for line in body.split("\n"))
+    body = "\n".join(f"\\{line}" if _VERDICT.match(line) else line for line in lines(body))
     begin, end = _markers(boundary)
     return f"{begin}\n{body}\n{end}"
 
