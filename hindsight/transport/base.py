@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hindsight.transport.delta import apply_delta
+from hindsight.transport.delta import MalformedDelta, apply_delta
 from hindsight.transport.payload import CorruptWeights, WeightVersion, verified
 
 
@@ -41,10 +41,13 @@ def receive_into(model, payload: WeightVersion, holds: int | None = None):
         tensors = verified(payload)
     except CorruptWeights as exc:
         return model, Ack(payload.version, ok=False, why=str(exc))
-    if payload.base is None:
-        model.load_state_dict(tensors)
-    else:
-        apply_delta(model, tensors)
+    try:
+        if payload.base is None:
+            model.load_state_dict(tensors)
+        else:
+            apply_delta(model, tensors)
+    except (MalformedDelta, RuntimeError) as exc:  # checked before writing; load_state_dict checks keys and shapes first
+        return model, Ack(payload.version, ok=False, why=f"weights version {payload.version}: {exc}")
     return model, Ack(payload.version)
 
 

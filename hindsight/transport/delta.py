@@ -29,8 +29,9 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 GAP_ESCAPE, DIFF_ESCAPE = 0, -128
 
 
-class NeedsFull(ValueError):
-    """A delta for a version the receiver does not hold."""
+class MalformedDelta(ValueError):
+    """A delta whose parts do not fit what the receiver holds: a missing tensor or part, positions
+    past a tensor's end, counts that disagree. Refused before anything of it is written."""
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -107,7 +108,7 @@ class Publication:
 
     def full(self) -> WeightVersion:
         """The whole of what receivers should hold now (for a late or a refusing one)."""
-        return WeightVersion(self.version, self.held, checksum(self.held))
+        return WeightVersion(self.version, self.held, checksum(self.held, self.version))
 
 
 def delta(version: int, base: int, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
@@ -121,28 +122,66 @@ def delta(version: int, base: int, old: dict[str, torch.Tensor], new: dict[str, 
         else:
             for part, v in (encode_changes(old[name], t) or {}).items():
                 tensors[f"{name}::{part}"] = v
-    return WeightVersion(version, tensors, checksum(tensors), base=base)
+    return WeightVersion(version, tensors, checksum(tensors, version, base), base=base)
 
 
 def apply_delta(model, tensors: dict[str, torch.Tensor]) -> None:
     """Write a verified delta's changes into `model`'s own tensors (in place: the model's state
-    dict shares their storage), aliases last."""
+    dict shares their storage), aliases last. Every change is checked against what the model
+    holds first (`MalformedDelta`), so a refused delta leaves the model as it was."""
     state = model.state_dict()
-    ties = {}
+    wholes, changes, ties = _planned(state, tensors)
     with torch.no_grad():
-        for key, t in tensors.items():
-            name, part = key.rsplit("::", 1)
-            if part == "whole":
-                state[name].copy_(t)
-            elif part == "alias":
-                ties[name] = bytes(t.tolist()).decode()
-            elif part == "gaps":
-                flat = state[name].view(-1)
-                parts = {p: tensors[f"{name}::{p}"] for p in ("gaps", "big_gaps", "diffs", "far")}
-                if flat.dtype != parts["far"].dtype:
-                    raise ValueError(f"{name}: the receiver holds {flat.dtype}, the delta is of {parts['far'].dtype}")
-                where, values = decode_changes(flat, parts)
-                flat[where] = values
+        for name, t in wholes.items():
+            state[name].copy_(t)
+        for name, (where, values) in changes.items():
+            state[name].view(-1)[where] = values
         for name, target in ties.items():
             if state[name].untyped_storage().data_ptr() != state[target].untyped_storage().data_ptr():
                 state[name].copy_(state[target])  # the receiver does not tie them: a copy keeps it equal
+
+
+PARTS = ("gaps", "big_gaps", "diffs", "far")
+
+
+def _planned(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]):
+    """(whole tensors, name -> (positions, values), name -> alias target), each checked."""
+    wholes, changes, ties = {}, {}, {}
+    for key, t in tensors.items():
+        name, _, part = key.rpartition("::")
+        if name not in state:
+            raise MalformedDelta(f"the delta names {name!r}, which this receiver does not hold")
+        if part == "whole":
+            if t.shape != state[name].shape or t.dtype != state[name].dtype:
+                raise MalformedDelta(f"{name}: a whole tensor of {tuple(t.shape)} {t.dtype} for one of "
+                                     f"{tuple(state[name].shape)} {state[name].dtype}")
+            wholes[name] = t
+        elif part == "alias":
+            target = bytes(t.to(torch.uint8).tolist()).decode("utf-8", "replace")
+            if target not in state or state[target].shape != state[name].shape:
+                raise MalformedDelta(f"{name}: an alias of {target!r}, which this receiver does not hold alike")
+            ties[name] = target
+        elif part == "gaps":
+            changes[name] = _changes(name, state[name], tensors)
+        elif part not in PARTS:
+            raise MalformedDelta(f"{key}: not a part of a delta")
+    return wholes, changes, ties
+
+
+def _changes(name: str, held: torch.Tensor, tensors: dict[str, torch.Tensor]):
+    parts = {p: tensors.get(f"{name}::{p}") for p in PARTS}
+    if any(v is None for v in parts.values()):
+        raise MalformedDelta(f"{name}: the delta lacks {[p for p, v in parts.items() if v is None]}")
+    gaps, diffs = parts["gaps"], parts["diffs"]
+    if gaps.dim() != 1 or gaps.shape != diffs.shape or parts["far"].dtype != held.dtype:
+        raise MalformedDelta(f"{name}: its parts disagree in length or dtype with what the receiver holds")
+    if int((gaps == GAP_ESCAPE).sum()) != parts["big_gaps"].numel() or \
+            int((diffs == DIFF_ESCAPE).sum()) != parts["far"].numel():
+        raise MalformedDelta(f"{name}: its escapes and side lists disagree in count")
+    if parts["big_gaps"].numel() and int(parts["big_gaps"].min()) < 1:
+        raise MalformedDelta(f"{name}: a gap below 1")
+    flat = held.view(-1)
+    total = int(gaps.to(torch.int64).sum()) + int(parts["big_gaps"].to(torch.int64).sum())  # an escape is 0
+    if total > flat.numel():  # the last position is total - 1
+        raise MalformedDelta(f"{name}: positions run to {total - 1}, past its {flat.numel()} elements")
+    return decode_changes(flat, parts)

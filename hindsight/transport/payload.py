@@ -27,9 +27,13 @@ class WeightVersion:
         return sum(t.numel() * t.element_size() for t in (self.tensors or {}).values())
 
 
-def checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over each tensor's name, dtype, shape and bytes, in name order."""
+def checksum(tensors: dict[str, torch.Tensor], version: int | None = None, base: int | None = None) -> str:
+    """sha256 over the header (the version and, for a delta, the version it applies to) and each
+    tensor's name, dtype, shape and bytes, in name order: a flipped version or base is refused
+    like a flipped weight. A bucket of a full copy has no header of its own (version None)."""
     h = hashlib.sha256()
+    if version is not None:
+        h.update(f"version={version}|base={base}|".encode())
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
@@ -41,14 +45,14 @@ def full_version(version: int, state: dict[str, torch.Tensor]) -> WeightVersion:
     """Every tensor of `state`, copied to the CPU (a clone: tied weights share memory, and the
     sender goes on training its own)."""
     tensors = {k: v.detach().to("cpu").clone() for k, v in state.items()}
-    return WeightVersion(version, tensors, checksum(tensors))
+    return WeightVersion(version, tensors, checksum(tensors, version))
 
 
 def verified(payload: WeightVersion) -> dict[str, torch.Tensor]:
     """The payload's tensors, once they match its checksum."""
     if payload.tensors is None:
         raise CorruptWeights(f"weights version {payload.version} carries no tensors")
-    got = checksum(payload.tensors)
+    got = checksum(payload.tensors, payload.version, payload.base)
     if got != payload.sha256:
         raise CorruptWeights(f"weights version {payload.version}: checksum {got[:12]}… does not match the "
                              f"{str(payload.sha256)[:12]}… it was sent with: refused")

@@ -50,7 +50,7 @@ class WeightReceiver:
     def hindsight_apply_delta(self, version: int, base: int, sha256: str, tensors: dict) -> str:
         """A delta from `base` to `version`; returns "" once applied, else why it was refused
         (then nothing of it is loaded and the sender sends the full copy)."""
-        from hindsight.transport.delta import apply_delta
+        from hindsight.transport.delta import MalformedDelta, apply_delta
         from hindsight.transport.payload import CorruptWeights, WeightVersion, verified
 
         holds = getattr(self, "_hindsight_version", None)
@@ -61,7 +61,10 @@ class WeightReceiver:
         except CorruptWeights as exc:
             return str(exc)
         held = self._hindsight_held
-        apply_delta(_Held(held), tensors)
+        try:
+            apply_delta(_Held(held), tensors)
+        except MalformedDelta as exc:
+            return str(exc)
         changed = sorted({key.rsplit("::", 1)[0] for key in tensors})
         self.model_runner.model.load_weights([(name, held[name].to(self.device)) for name in changed])
         self._hindsight_version = version

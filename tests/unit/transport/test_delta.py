@@ -130,6 +130,57 @@ def test_a_flipped_bit_in_a_delta_is_refused_and_changes_nothing():
     assert same_bits(receiver.state_dict(), before)
 
 
+@pytest.mark.parametrize("field,value", [("base", 1), ("version", 6)])
+def test_a_flipped_header_is_refused_like_a_flipped_weight(field, value):
+    """The checksum covers the version and the base: a receiver holding v1 given the v3 -> v4
+    delta with its base flipped to 1 applied it and acked v4 with elements wrong; a flipped
+    version made a receiver claim a version it did not hold."""
+    sender, opt, pub, receiver = started()
+    for v in (1, 2, 3):
+        train_step(sender, opt)
+        receiver, ack = receive_into(receiver, pub.next(v, sender.state_dict()), v - 1)
+        assert ack.ok
+    train_step(sender, opt)
+    header, data = to_bytes(pub.next(4, sender.state_dict()))
+    holds = 3
+    if field == "base":
+        holds = 1  # a receiver one version behind, which the flipped base would let in
+    header = {**header, field: value}
+    before = copy.deepcopy(receiver.state_dict())
+    receiver, ack = receive_into(receiver, from_bytes(header, data), holds)
+    assert not ack.ok and "checksum" in ack.why
+    assert same_bits(receiver.state_dict(), before)
+
+
+def _forged(pub, version, base, tensors):
+    """A delta whose checksum matches its (malformed) content: what a buggy sender would send."""
+    from hindsight.transport.payload import WeightVersion, checksum
+
+    return WeightVersion(version, tensors, checksum(tensors, version, base), base=base)
+
+
+def test_a_malformed_delta_is_a_refused_ack_and_changes_nothing():
+    sender, opt, pub, receiver = started()
+    train_step(sender, opt)
+    good = pub.next(1, sender.state_dict())
+    name = next(k.rpartition("::")[0] for k in good.tensors if k.endswith("::gaps"))
+    past = dict(good.tensors)
+    past[f"{name}::gaps"] = torch.cat([good.tensors[f"{name}::gaps"], torch.zeros(1, dtype=torch.uint8)])
+    past[f"{name}::diffs"] = torch.cat([good.tensors[f"{name}::diffs"], torch.ones(1, dtype=torch.int8)])
+    past[f"{name}::big_gaps"] = torch.cat([good.tensors[f"{name}::big_gaps"],  # a last position past the end
+                                           torch.tensor([10**8], dtype=torch.int32)])
+    missing = {"no.such.weight::whole": torch.zeros(3), **good.tensors}
+    unknown = {**good.tensors, f"{name}::extra": torch.zeros(1)}
+    short = {k: v for k, v in good.tensors.items() if k != f"{name}::diffs"}
+    before = copy.deepcopy(receiver.state_dict())
+    for tensors, why in ((past, "past its"), (missing, "does not hold"), (unknown, "not a part"), (short, "lacks")):
+        receiver, ack = receive_into(receiver, _forged(pub, 1, 0, tensors), 0)
+        assert not ack.ok and why in ack.why, ack.why
+        assert same_bits(receiver.state_dict(), before)
+    receiver, ack = receive_into(receiver, good, 0)
+    assert ack.ok and same_bits(receiver.state_dict(), pub.held)
+
+
 def test_fp32_serving_falls_back_to_full_copies():
     sender = model()
     opt = torch.optim.AdamW(sender.parameters(), lr=1e-3)
