@@ -22,6 +22,12 @@ from urllib.parse import parse_qsl, urlsplit
 from hindsight.errors import DataError
 
 SCHEME = "rg://"
+# What one spec may ask of the generator, checked before anything is generated: the rows kept,
+# the rows made to find them on one side of a held-out split, and each numeric setting (a
+# generator asked for 10^308 digits, or for 48 million rows to find four, runs for hours).
+MAX_ROWS = 100_000
+MAX_GENERATED = 1_000_000
+MAX_SETTING = 10**6
 
 
 def is_procedural(source: str) -> bool:
@@ -38,6 +44,13 @@ def parse_spec(source: str) -> tuple[str, dict]:
     for key in ("size", "seed"):
         if not isinstance(kwargs.get(key), int):
             raise DataError(f"{source}: {key}= must be given as an integer, so the rows are the same every run")
+    if not 1 <= kwargs["size"] <= MAX_ROWS:
+        raise DataError(f"{source}: size={kwargs['size']} must be between 1 and {MAX_ROWS:,} rows")
+    for key, value in kwargs.items():
+        if key not in ("size", "seed", "holdout") and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not abs(value) <= MAX_SETTING:  # not <=: NaN is refused too
+            raise DataError(f"{source}: {key}={value} is beyond what a generator is asked for here (at most "
+                            f"{MAX_SETTING:,} in size)")
     return name, kwargs
 
 
@@ -93,15 +106,17 @@ def _generate(source: str) -> list[dict]:
         import reasoning_gym
     except ImportError:
         raise DataError(f"{source}: procedural data needs the reasoning-gym package (pip install reasoning-gym)") from None
-    rows, made = [], size if fraction is None else int(size / (fraction if split == "eval" else 1 - fraction) * 1.2) + 8
-    for _ in range(8):  # generate more until `size` questions fall on this side
-        entries = _entries(reasoning_gym, source, name, made, kwargs)
-        rows = _side(entries, fraction, split)[:size]
+    made = size if fraction is None else int(size / (fraction if split == "eval" else 1 - fraction) * 1.2) + 8
+    if made > MAX_GENERATED:
+        raise DataError(f"{source}: holdout={fraction} with split={split} asks for about {made:,} rows to find {size:,} "
+                        f"on its side, over the cap of {MAX_GENERATED:,}: raise holdout= or lower size=")
+    while True:  # generate more until `size` questions fall on this side, within the cap
+        rows = _side(_entries(reasoning_gym, source, name, made, kwargs), fraction, split)[:size]
         if len(rows) == size:
             break
-        made *= 2
-    else:
-        raise DataError(f"{source}: only {len(rows)} of {size} questions fall in the {split} split")
+        if made >= MAX_GENERATED:
+            raise DataError(f"{source}: only {len(rows)} of {size} questions fall in the {split} split")
+        made = min(made * 2, MAX_GENERATED)
     return [{"id": f"{name}-{kwargs['seed']}-{i}", "prompt": e["question"], "answer": str(e["answer"]),
              "rg_entry": json.dumps(e, default=str)} for i, e in rows]
 

@@ -715,6 +715,27 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
 
 
+def _procedural(ws, tmp, spec: str) -> Case:
+    cfg = base_config(ws, tmp / "run")
+    cfg["data"]["prompts"] = spec
+    return Case(rl_args(write_config(tmp, cfg)), starts_no_run=True)
+
+
+@case("procedural-size-cap")
+def _(ws, tmp):
+    return _procedural(ws, tmp, "rg://chain_sum?size=1000000000&seed=1")
+
+
+@case("procedural-holdout-cap")
+def _(ws, tmp):
+    return _procedural(ws, tmp, "rg://chain_sum?size=4&seed=1&holdout=1e-7&split=eval")
+
+
+@case("procedural-setting-cap")
+def _(ws, tmp):
+    return _procedural(ws, tmp, "rg://chain_sum?size=4&seed=1&max_digits=1e308")
+
+
 def _multi_turn(ws, tmp, **multi_turn) -> Case:
     # the multi-turn unit tests' tools and environments, as a user's module beside the config
     shutil.copy(ws.root / "tests/unit/rollout/multiturn_envs/games.py", tmp / "mytools.py")

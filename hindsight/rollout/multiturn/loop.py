@@ -20,6 +20,7 @@ from hindsight.logprobs import budgeted_logprobs, model_device
 from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.hf import decode
 from hindsight.rollout.multiturn.parsers import get_parser
+from hindsight.rollout.multiturn.tools import ToolCall
 from hindsight.rollout.multiturn.render import bridge, first_prompt, retokenized
 
 
@@ -102,7 +103,13 @@ def run_trajectories(model, tok, rows: list[dict], seeds: list[int], group_size:
 
 
 def _calls(s: TurnSettings, t: Trajectory):
-    return get_parser(s.parser)(t.final_text)
+    """The turn's calls. A parser bounds and catches what a string can raise; anything that still
+    escapes one is an error turn too: a model's sample never fails a step (and, seeded, would fail
+    the stage's retry again)."""
+    try:
+        return get_parser(s.parser)(t.final_text)
+    except Exception as exc:
+        return [ToolCall("", error=f"the tool call cannot be read ({type(exc).__name__})")]
 
 
 def _model_turn(model, tok, live: list[Trajectory], gens, s: TurnSettings, stops) -> None:

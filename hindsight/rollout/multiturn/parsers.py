@@ -14,6 +14,44 @@ from typing import Callable
 from hindsight.rollout.multiturn.tools import ToolCall
 
 PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {}
+# A call is read only within these bounds: a model's sample is text of any shape, and json.loads
+# of 1,000 nested brackets raises RecursionError, of a 5,000-digit integer ValueError, and deep
+# arguments would fail the chat template that renders them back. Past a bound, the call is an
+# error turn the model reads.
+MAX_CALL_CHARS = 16_384
+MAX_DEPTH = 16
+
+
+def loads(body: str, what: str = "the tool call") -> tuple[object, str | None]:
+    """(the JSON value, None) or (None, why it cannot be read): never raises on any string."""
+    if len(body) > MAX_CALL_CHARS:
+        return None, f"{what} is {len(body):,} characters, over the {MAX_CALL_CHARS:,} a call may take"
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return None, f"{what} is not valid JSON ({exc.msg} at character {exc.pos})"
+    except (RecursionError, ValueError, MemoryError) as exc:  # nesting, a 5,000-digit integer, a surrogate
+        return None, f"{what} cannot be read ({type(exc).__name__})"
+    if _depth(value) > MAX_DEPTH:
+        return None, f"{what} nests deeper than {MAX_DEPTH} levels"
+    try:  # a lone surrogate (\\ud800) parses, and then fails whatever encodes it: the template, the store
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return None, f"{what} holds text that is not valid Unicode"
+    return value, None
+
+
+def _depth(value) -> int:
+    """How deep lists and objects nest in a parsed JSON value (iteratively: no recursion to exhaust)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                return depth
+            todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def register(name: str):
@@ -35,10 +73,9 @@ def _call(obj, args_key: str) -> ToolCall:
         return ToolCall("", error="a tool call needs a JSON object with a string `name`")
     args = obj.get(args_key, {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError as exc:
-            return ToolCall(obj["name"], error=f"the arguments of {obj['name']} are not JSON: {exc.msg}")
+        args, why = loads(args, f"the arguments of {obj['name'][:80]}")
+        if why:
+            return ToolCall(obj["name"], error=why)
     if not isinstance(args, dict):
         return ToolCall(obj["name"], error=f"the arguments of {obj['name']} must be a JSON object")
     return ToolCall(obj["name"], args)
@@ -51,10 +88,8 @@ _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 def hermes(text: str) -> list[ToolCall]:
     calls = []
     for body in _HERMES.findall(text):
-        try:
-            calls.append(_call(json.loads(body.strip()), "arguments"))
-        except json.JSONDecodeError as exc:
-            calls.append(ToolCall("", error=f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})"))
+        obj, why = loads(body.strip())
+        calls.append(ToolCall("", error=why) if why else _call(obj, "arguments"))
     return calls
 
 
@@ -63,7 +98,5 @@ def bare_json(text: str) -> list[ToolCall]:
     body = text.strip()
     if not body.startswith("{"):
         return []
-    try:
-        return [_call(json.loads(body), "parameters")]
-    except json.JSONDecodeError as exc:
-        return [ToolCall("", error=f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")]
+    obj, why = loads(body)
+    return [ToolCall("", error=why) if why else _call(obj, "parameters")]

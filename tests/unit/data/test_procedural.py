@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 
 from hindsight.data.procedural import held_out, load_procedural
@@ -41,9 +43,20 @@ def test_the_split_keeps_eval_questions_out_of_training():
     ("rg://chain_sum?size=4&seed=1&holdout=1.5&split=eval", "needs both holdout="),
     ("rg://no_such_task?size=4&seed=1", "reasoning-gym cannot make it"),
     ("rg://?size=4&seed=1", "no task named"),
+    ("rg://chain_sum?size=1000000000&seed=1", "size=1000000000 must be between 1 and 100,000 rows"),
+    ("rg://chain_sum?size=4&seed=1&holdout=1e-7&split=eval", "asks for about 48,000,008 rows to find 4"),
+    ("rg://chain_sum?size=4&seed=1&max_digits=1e308", "max_digits=1e+308 is beyond what a generator is asked"),
+    ("rg://chain_sum?size=4&seed=1&max_digits=nan", "max_digits=nan is beyond"),
 ])
-def test_a_bad_spec_is_one_error_naming_it(spec, why):
-    with pytest.raises(DataError, match=why) as err:
+def test_a_bad_spec_is_one_error_naming_it(spec, why, monkeypatch):
+    import reasoning_gym
+
+    def refuse(*a, **k):  # each refusal comes before anything is generated
+        raise AssertionError("generated")
+
+    if "reasoning-gym cannot" not in why:
+        monkeypatch.setattr(reasoning_gym, "create_dataset", refuse)
+    with pytest.raises(DataError, match=re.escape(why)) as err:
         load_procedural(spec)
     assert spec in str(err.value)
 
