@@ -28,6 +28,13 @@ class MultiTurnConfig(Strict):
                                "does. Environment instances hold state and run in process")
     tool_timeout_s: float = Field(10.0, gt=0, description="a call past it is an error turn the model reads")
     concurrency: int = Field(8, ge=1, description="trajectories whose tools run at once")
+    max_calls_per_turn: int = Field(8, ge=1, description="calls one model turn may make; each one past it is "
+                                                         "answered with an error the model reads")
+    calls_at_once: int = Field(4, ge=1, description="a turn's sandboxed calls run this many at a time (in-process "
+                                                    "ones run in order: they share an environment's state)")
+    argument_max_chars: int = Field(4096, ge=1, description="a call's string argument may be this long")
+    argument_max_items: int = Field(256, ge=1, description="a call's list or object argument may hold this many")
+    argument_max_abs: float = Field(1e9, gt=0, description="a call's number may be this large")
     sandbox: Literal["bwrap", "unsafe-local"] = "bwrap"
     memory_scope: Literal["tree", "process"] = "tree"
 

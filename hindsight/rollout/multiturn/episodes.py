@@ -6,14 +6,19 @@
 - `GymEpisode`: a gym-style text environment: `reset(**row)` gives the first observation (or
   `(observation, info)`), `step(text)` answers each model turn with gymnasium's `(observation,
   reward, terminated, truncated, info)`; the observation is the next user turn and the rewards
-  add up to the trajectory's environment reward.
+  add up to the trajectory's environment reward. A `step` runs under the tools' timeout; one
+  that raises or overruns ends the trajectory (its log line says why), never the step.
 """
 from __future__ import annotations
 
 import inspect
+import logging
 
 from hindsight.errors import ConfigError
-from hindsight.rollout.multiturn.tools import Toolbox, environment_tools
+from hindsight.rollout.multiturn.arguments import Limits
+from hindsight.rollout.multiturn.tools import Toolbox, environment_tools, within
+
+log = logging.getLogger("hindsight")
 
 
 class Episode:
@@ -42,10 +47,11 @@ def _reset(env, row: dict):
 
 
 class ToolEpisode(Episode):
-    def __init__(self, tools: list, env=None, where: str = "", timeout_s: float = 10.0):
+    def __init__(self, tools: list, env=None, where: str = "", timeout_s: float = 10.0, max_calls: int = 8,
+                 at_once: int = 4, limits: Limits = Limits()):
         self.env = env
-        every = tools + (environment_tools(env, where, timeout_s) if env is not None else [])
-        self.toolbox = Toolbox(every)
+        every = tools + (environment_tools(env, where, timeout_s, limits) if env is not None else [])
+        self.toolbox = Toolbox(every, max_calls, at_once)
         if len(self.toolbox.tools) < len(every):
             names = [t.name for t in every]
             raise ConfigError(f"{where}: two tools share the name {next(n for n in names if names.count(n) > 1)!r}")
@@ -58,7 +64,7 @@ class ToolEpisode(Episode):
             return [], [], True
         if last:  # the calls are cut by the turn limit: running them would change state no turn reads
             return [], [], False
-        results = [self.toolbox.call(c) for c in calls]
+        results = self.toolbox.call_all(calls)
         return [{"role": "tool", "name": r.name or "tool", "content": r.content} for r in results], results, False
 
     def reward(self) -> float | None:
@@ -67,16 +73,22 @@ class ToolEpisode(Episode):
 
 
 class GymEpisode(Episode):
-    def __init__(self, env):
-        self.env, self.total = env, 0.0
+    def __init__(self, env, timeout_s: float = 10.0):
+        self.env, self.total, self.timeout_s = env, 0.0, timeout_s
 
     def start(self, row: dict) -> str | None:
         first = _reset(self.env, row)
         return first[0] if isinstance(first, tuple) else first
 
     def respond(self, text: str, calls, last: bool = False):  # a last move still scores: the game steps
-        observation, reward, terminated, truncated, _ = self.env.step(text)
-        self.total += float(reward)
+        try:
+            observation, reward, terminated, truncated, _ = within(self.env.step, self.timeout_s, text)
+            reward = float(reward)
+        except Exception as exc:  # the environment's failure on the model's text ends the trajectory
+            log.warning("%s.step: %s: %s; the trajectory ends there", type(self.env).__name__, type(exc).__name__,
+                        str(exc)[:200])
+            return [], [], True
+        self.total += reward
         done = bool(terminated or truncated)
         return ([] if done else [{"role": "user", "content": str(observation)}]), [], done
 

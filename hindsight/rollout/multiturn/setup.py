@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from hindsight.errors import ConfigError
+from hindsight.rollout.multiturn.arguments import Limits
 from hindsight.rollout.multiturn.episodes import GymEpisode, ToolEpisode, check_environment
 from hindsight.rollout.multiturn.loop import TurnSettings
 from hindsight.rollout.multiturn.tools import Tool
@@ -27,17 +28,21 @@ def load_target(spec: str, where: str):
 SANDBOX = "rewards.tools:ToolSandbox"  # found by name, as rewards are: the core does not import rewards
 
 
+def limits_of(mt) -> Limits:
+    return Limits(max_chars=mt.argument_max_chars, max_items=mt.argument_max_items, max_abs=mt.argument_max_abs)
+
+
 def tools_of(mt) -> list[Tool]:
     box = load_target(SANDBOX, f"{WHERE}.isolation")(mode=mt.sandbox, timeout_s=mt.tool_timeout_s,
                                                       memory_scope=mt.memory_scope)
-    tools = []
+    tools, limits = [], limits_of(mt)
     for spec in mt.tools:
         if spec == "python":  # the program is what runs sandboxed; the call that starts it is ours
             tools.append(Tool(box.python_tool(mt.tool_timeout_s), f"{WHERE}.tools", "in_process",
-                              mt.tool_timeout_s + 30.0))
+                              mt.tool_timeout_s + 30.0, limits=limits))
         else:
             tools.append(Tool(load_target(spec, f"{WHERE}.tools"), f"{WHERE}.tools", mt.isolation, mt.tool_timeout_s,
-                              box))
+                              box, limits))
     return tools
 
 
@@ -46,13 +51,17 @@ def episode_factory(mt):
     if mt.gym:
         cls = load_target(mt.gym, f"{WHERE}.gym")
         check_environment(cls, f"{WHERE}.gym", gym=True)
-        return lambda: GymEpisode(cls())
+        return lambda: GymEpisode(cls(), mt.tool_timeout_s)
     tools = tools_of(mt)
     factory = load_target(mt.environment, f"{WHERE}.environment") if mt.environment else None
     if factory is not None:
         check_environment(factory, f"{WHERE}.environment")
-    ToolEpisode(tools, factory() if factory else None, f"{WHERE}.environment", mt.tool_timeout_s)  # a probe
-    return lambda: ToolEpisode(tools, factory() if factory else None, f"{WHERE}.environment", mt.tool_timeout_s)
+    def episode():
+        return ToolEpisode(tools, factory() if factory else None, f"{WHERE}.environment", mt.tool_timeout_s,
+                           mt.max_calls_per_turn, mt.calls_at_once, limits_of(mt))
+
+    episode()  # a probe: two tools of one name fail here, before any model loads
+    return episode
 
 
 def tool_schemas(mt) -> list[dict]:

@@ -9,17 +9,28 @@ the error is counted. Where a tool runs is its `isolation`:
   sandbox (`rewards.sandbox`) with its limits: the function's module source and the call go
   in, the result's text comes out; a hung call is killed at its timeout;
 - `in_process`: called in the rollout worker's process, as TRL does. A call past its timeout
-  is answered with an error turn, but its thread cannot be killed: an explicit choice for
-  trusted tools and for stateful environments.
+  is answered with an error turn; its thread cannot be killed, so it is a daemon thread that
+  holds no exit, and the call is recorded as abandoned (`ABANDONED`, and a log line): an
+  explicit choice for trusted tools and for stateful environments.
+
+Before any call its arguments are checked against the function's names, type hints and size
+bounds (`arguments`). A turn may make at most `max_calls` calls (the rest are answered with an
+error); its sandboxed calls run `at_once` at a time, its in-process ones in order (they share state).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import inspect
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
 from hindsight.errors import ConfigError
+from hindsight.rollout.multiturn.arguments import Limits, problem
+
+log = logging.getLogger("hindsight")
+ABANDONED = {"calls": 0}  # in-process calls left running past their timeout, in this process
 
 ISOLATIONS = ("sandbox", "in_process")
 RESULT_CHARS = 4000  # what a tool's answer may add to the context; the rest is cut (and said)
@@ -58,8 +69,9 @@ def tool_schema(fn, where: str) -> dict:
 class Tool:
     """A function offered to the model under its own name."""
 
-    def __init__(self, fn, where: str, isolation: str = "in_process", timeout_s: float = 10.0, sandbox=None):
-        self.fn, self.isolation, self.timeout_s, self.sandbox = fn, isolation, timeout_s, sandbox
+    def __init__(self, fn, where: str, isolation: str = "in_process", timeout_s: float = 10.0, sandbox=None,
+                 limits: Limits = Limits()):
+        self.fn, self.isolation, self.timeout_s, self.sandbox, self.limits = fn, isolation, timeout_s, sandbox, limits
         self.schema = tool_schema(fn, where)
         self.name = self.schema["function"]["name"]
         self.params = set(self.schema["function"]["parameters"].get("properties", {}))
@@ -71,7 +83,7 @@ class Tool:
             return (f"{self.name}() " + "; ".join(
                 ([f"takes no argument {', '.join(unknown)}"] if unknown else []) +
                 ([f"is missing {', '.join(missing)}"] if missing else [])))
-        return None
+        return problem(self.fn, self.name, args, self.limits)
 
     def run(self, args: dict) -> str:
         """The result's text; raises on the tool's own failure (turned into an error turn)."""
@@ -81,30 +93,74 @@ class Tool:
 
 
 def _in_thread(fn, args: dict, timeout_s: float) -> str:
-    pool = cf.ThreadPoolExecutor(max_workers=1)
-    try:
-        future = pool.submit(fn, **args)
-        # waited on, not `result(timeout=)`: a TimeoutError the tool raises itself is its own answer
-        if not cf.wait([future], timeout=timeout_s).done:
-            raise TimeoutError(f"no answer within {timeout_s:g} s")
-        return str(future.result())
-    finally:
-        pool.shutdown(wait=False)  # a hung call's thread is left behind: in-process calls cannot be killed
+    return str(within(fn, timeout_s, **args))
 
 
-def environment_tools(instance, where: str, timeout_s: float) -> list[Tool]:
+def within(fn, timeout_s: float, *args, **kwargs):
+    """fn(*args, **kwargs) in a daemon thread: its value, its exception (anything it raises, even
+    SystemExit, as an Exception), or TimeoutError. A call past its timeout is abandoned: its thread
+    cannot be killed, but as a daemon it never holds the process's exit."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except Exception as exc:
+            box["error"] = exc
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by the tool: its failure
+            box["error"] = RuntimeError(f"{type(exc).__name__}: {exc}")
+
+    worker = threading.Thread(target=run, name=f"tool-{getattr(fn, '__name__', 'call')}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        ABANDONED["calls"] += 1
+        log.warning("%s: no answer within %g s; the call is abandoned (%d so far in this process)",
+                    getattr(fn, "__name__", fn), timeout_s, ABANDONED["calls"])
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def environment_tools(instance, where: str, timeout_s: float, limits: Limits = Limits()) -> list[Tool]:
     """The tool methods of an environment instance, as TRL finds them: the class's public
     functions other than `reset` and `get_reward`. They run in process (they share its state)."""
     names = [n for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
              if not n.startswith("_") and n not in ("reset", "get_reward")]
-    return [Tool(getattr(instance, n), where, "in_process", timeout_s) for n in names]
+    return [Tool(getattr(instance, n), where, "in_process", timeout_s, limits=limits) for n in names]
 
 
 class Toolbox:
     """The tools one trajectory may call, by name."""
 
-    def __init__(self, tools: list[Tool]):
+    def __init__(self, tools: list[Tool], max_calls: int = 8, at_once: int = 4):
         self.tools = {t.name: t for t in tools}
+        self.max_calls, self.at_once = max_calls, at_once
+
+    def call_all(self, calls: list[ToolCall]) -> list[ToolResult]:
+        """One turn's calls, answered in order: past `max_calls` an error each; the sandboxed
+        ones `at_once` at a time, while the in-process ones run in order here (they share state)."""
+        kept, over = calls[: self.max_calls], calls[self.max_calls:]
+        apart = [i for i, c in enumerate(kept) if self._sandboxed(c)]
+        results: dict[int, ToolResult] = {}
+        pool = cf.ThreadPoolExecutor(max_workers=self.at_once) if len(apart) > 1 else None
+        try:
+            futures = {i: pool.submit(self.call, kept[i]) for i in apart} if pool else {}
+            for i, c in enumerate(kept):
+                if i not in futures:
+                    results[i] = self.call(c)
+            results.update({i: f.result() for i, f in futures.items()})
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False)
+        refused = [ToolResult(c.name, c.arguments, f"error: only {self.max_calls} calls a turn; this one was not run",
+                              True, 0.0) for c in over]
+        return [results[i] for i in range(len(kept))] + refused
+
+    def _sandboxed(self, call: ToolCall) -> bool:
+        tool = self.tools.get(call.name)
+        return tool is not None and tool.isolation == "sandbox" and not call.error
 
     @property
     def schemas(self) -> list[dict]:
@@ -130,7 +186,15 @@ class Toolbox:
         try:
             return tool.run(call.arguments), False
         except Exception as exc:  # the tool's own failure: the model reads it, the step goes on
-            return f"error: {type(exc).__name__}: {exc}", True
+            return f"error: {type(exc).__name__}: {_said(exc)}", True
+
+
+def _said(exc: BaseException) -> str:
+    """An exception's message, even one whose __str__ raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return "(its message cannot be read)"
 
 
 def check_isolation(isolation: str) -> None:
