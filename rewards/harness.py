@@ -223,7 +223,12 @@ def program_side(request: dict, peer_fds) -> None:
     try:
         exec(compile(request["program"], "<program>", "exec"), scope)
     except BaseException as exc:  # SystemExit included: exiting early answers nothing
-        os.write(out, (json.dumps({"op": "started", "ok": False, "error": type(exc).__name__}) + "\n").encode())
+        try:
+            message = str(exc)[:MESSAGE_CAP]
+        except Exception:  # an exception whose __str__ raises still says its type
+            message = ""
+        os.write(out, (json.dumps({"op": "started", "ok": False, "error": type(exc).__name__[:100],
+                                   "message": message}) + "\n").encode())
         return
     names = listing(scope)
     os.write(out, (json.dumps({"op": "started", "ok": True, "names": names}) + "\n").encode())

@@ -18,6 +18,27 @@ from rewards.sandbox import Limits, run_python
 OUTPUT_CHARS = 2000  # what the python tool hands back of a program's output
 
 
+class ToolFailed(RuntimeError):
+    """What a sandboxed program or tool raised, as the model reads it: `Type: message` (`shown`).
+    The type and message are the program's own words (text, capped), never run on the host."""
+
+    def __init__(self, shown: str):
+        super().__init__(shown)
+        self.shown = shown
+
+
+def failure(res, limits: Limits) -> str | None:
+    """How a sandboxed run failed, as `Type: message`, or None when it did not."""
+    if res.memory_killed:
+        return f"MemoryError: the program went past its memory limit ({limits.memory_mb} MB)"
+    first = res.answers[:1]
+    if first and first[0].get("op") == "started" and first[0].get("ok") is False:
+        return f"{str(first[0].get('error'))[:100]}: {str(first[0].get('message', ''))[:500]}"
+    if res.returncode not in (0, None):
+        return f"SystemExit: the program ended with status {res.returncode}"
+    return None
+
+
 class ToolSandbox:
     def __init__(self, limits: Limits | None = None, mode: str = "bwrap", **limit_fields):
         """`limits`, or the `Limits` fields given by name (timeout_s, memory_scope, ...)."""
@@ -34,11 +55,13 @@ class ToolSandbox:
         res = run_python(code, replace(self.limits, timeout_s=timeout_s), self.mode)
         if res.timed_out:
             raise TimeoutError(f"no answer within {timeout_s:g} s (the sandbox was killed)")
+        failed = failure(res, self.limits)
+        if failed:  # the tool's own exception, as it raised it
+            raise ToolFailed(failed)
         for line in reversed(res.stdout.splitlines()):
             if line.startswith(mark):
                 return json.loads(line[len(mark):])
-        why = res.stderr.strip().splitlines()[-1:] or [f"exit {res.returncode}"]
-        raise RuntimeError(why[0][-500:])
+        raise ToolFailed("RuntimeError: the tool returned no answer")
 
     def python_tool(self, timeout_s: float):
         """The built-in code interpreter, as a TRL-style tool function."""
@@ -54,8 +77,9 @@ class ToolSandbox:
             if res.timed_out:
                 raise TimeoutError(f"the program ran past {timeout_s:g} s and was killed")
             out = res.stdout + (f"\n[stderr]\n{res.stderr[-OUTPUT_CHARS:]}" if res.stderr.strip() else "")
-            if res.returncode not in (0, None) and not res.stderr.strip():
-                out += f"\n[exit {res.returncode}]"
+            failed = failure(res, box.limits)
+            if failed:  # a failing program is a failed call: its exception first, then what it printed
+                raise ToolFailed(f"{failed}" + (f"\n[output]\n{out[-OUTPUT_CHARS:]}" if out.strip() else ""))
             return out[:OUTPUT_CHARS]
 
         return python

@@ -17,6 +17,9 @@ class Limits:
     max_abs: float = 1e9         # a number's magnitude
 
 
+DEFAULT_LIMITS = Limits()
+
+
 def hints(fn) -> dict[str, object]:
     """The parameters' type hints (unresolvable ones are left unchecked)."""
     try:

@@ -15,7 +15,7 @@ import inspect
 import logging
 
 from hindsight.errors import ConfigError
-from hindsight.rollout.multiturn.arguments import Limits
+from hindsight.rollout.multiturn.arguments import DEFAULT_LIMITS, Limits
 from hindsight.rollout.multiturn.tools import Toolbox, environment_tools, within
 
 log = logging.getLogger("hindsight")
@@ -48,7 +48,7 @@ def _reset(env, row: dict):
 
 class ToolEpisode(Episode):
     def __init__(self, tools: list, env=None, where: str = "", timeout_s: float = 10.0, max_calls: int = 8,
-                 at_once: int = 4, limits: Limits = Limits()):
+                 at_once: int = 4, limits: Limits = DEFAULT_LIMITS):
         self.env = env
         every = tools + (environment_tools(env, where, timeout_s, limits) if env is not None else [])
         self.toolbox = Toolbox(every, max_calls, at_once)

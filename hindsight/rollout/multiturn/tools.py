@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from hindsight.errors import ConfigError
-from hindsight.rollout.multiturn.arguments import Limits, problem
+from hindsight.rollout.multiturn.arguments import DEFAULT_LIMITS, Limits, problem
 
 log = logging.getLogger("hindsight")
 ABANDONED = {"calls": 0}  # in-process calls left running past their timeout, in this process
@@ -70,7 +70,7 @@ class Tool:
     """A function offered to the model under its own name."""
 
     def __init__(self, fn, where: str, isolation: str = "in_process", timeout_s: float = 10.0, sandbox=None,
-                 limits: Limits = Limits()):
+                 limits: Limits = DEFAULT_LIMITS):
         self.fn, self.isolation, self.timeout_s, self.sandbox, self.limits = fn, isolation, timeout_s, sandbox, limits
         self.schema = tool_schema(fn, where)
         self.name = self.schema["function"]["name"]
@@ -123,7 +123,7 @@ def within(fn, timeout_s: float, *args, **kwargs):
     return box["value"]
 
 
-def environment_tools(instance, where: str, timeout_s: float, limits: Limits = Limits()) -> list[Tool]:
+def environment_tools(instance, where: str, timeout_s: float, limits: Limits = DEFAULT_LIMITS) -> list[Tool]:
     """The tool methods of an environment instance, as TRL finds them: the class's public
     functions other than `reset` and `get_reward`. They run in process (they share its state)."""
     names = [n for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
@@ -186,7 +186,8 @@ class Toolbox:
         try:
             return tool.run(call.arguments), False
         except Exception as exc:  # the tool's own failure: the model reads it, the step goes on
-            return f"error: {type(exc).__name__}: {_said(exc)}", True
+            shown = getattr(exc, "shown", None)  # a sandboxed program's own `Type: message`
+            return f"error: {shown if isinstance(shown, str) else f'{type(exc).__name__}: {_said(exc)}'}", True
 
 
 def _said(exc: BaseException) -> str:
