@@ -18,11 +18,19 @@ A run directory is hindsight's alone (`RunDir.claim`): hindsight makes it and ma
 not empty and not marked is refused, and so are `/`, system folders, the home folder, the
 working directory and the folders above it. What cleans up (the sweep of a killed run's
 temporaries) or moves things aside (`--force`) touches only the folders the mark lists.
+
+The mark proves itself before anything trusts it (`read_mark`): a regular file (not a link),
+a checksum of its own content, and folder names only from the set hindsight makes. A mark that
+fails is one error line, not trust; a run directory inside another's is refused; the sweep
+never follows a link and never enters a folder that holds another run's mark.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import stat
 import re
 import shutil
 import time
@@ -93,6 +101,50 @@ class RLDir:
         return RunContext(run_dir=str(self.path), cache_dir=str(self.path))
 
 
+def signed(mark: dict) -> dict:
+    """The mark with the checksum of its other fields (`sha256`)."""
+    body = {k: v for k, v in mark.items() if k != "sha256"}
+    return {**body, "sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+
+
+class UnsignedMark(ConfigError):
+    """A mark with no checksum (an older hindsight's, or a hand-written one)."""
+
+
+def read_mark(path: Path) -> dict | None:
+    """The run directory's mark once it proves itself; None where there is none. A mark that is a
+    link, is not one hindsight wrote (its checksum), or names a folder hindsight does not make is
+    a ConfigError naming it: nothing is swept, moved or written on its word."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    why = None
+    if not stat.S_ISREG(st.st_mode):
+        why = "it is a link or not a regular file"
+    else:
+        try:
+            mark = read_json(path, default=None)
+        except Exception:  # not JSON at all: no mark of hindsight's either
+            mark = None
+        if not isinstance(mark, dict) or "sha256" not in mark:
+            raise UnsignedMark(f"{path}: a mark with no checksum of hindsight's")
+        if signed(mark)["sha256"] != mark["sha256"]:
+            why = "its checksum does not match its content (edited by hand?)"
+        elif not isinstance(mark.get("made"), list) or any(n not in MADE for n in mark["made"]):
+            why = f"it names folders hindsight does not make (only {', '.join(MADE)})"
+        else:
+            return mark
+    raise ConfigError(f"{path}: not a run-directory mark hindsight wrote: {why}; remove it, or give the run a "
+                      f"folder of its own")
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """A folder above `path` that is another run's directory (holds a mark), or None."""
+    real = Path(os.path.realpath(path))
+    return next((p for p in real.parents if os.path.lexists(p / MARK)), None)
+
+
 class RunDir:
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -113,8 +165,15 @@ class RunDir:
     def claim(self) -> "RunDir":
         """Make the run directory, or take one hindsight made; refuse any other folder."""
         refuse_reserved(self.root)
-        if self.mark.is_file():
-            return self
+        outer = enclosing_run(self.root)
+        if outer is not None:
+            raise ConfigError(f"{self.root}: inside the run directory {outer} of another run; a run's folder is its "
+                              f"own (default runs/NAME)")
+        try:
+            if self._proven():
+                return self
+        except UnsignedMark:  # an older hindsight's (or a hand-written) mark: adopted below only where the
+            pass              # folder holds nothing hindsight does not make, as an unmarked one would be
         entries = sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(f"{self.root}: the run directory is a file; choose a folder of the run's own")
@@ -130,13 +189,28 @@ class RunDir:
             log.info("run dir %s: made by an older hindsight (%s); marked as hindsight's", self.root, ", ".join(made))
         return self
 
+    def _proven(self) -> bool:
+        """Whether the folder holds a mark that proves itself, whose folders are not links."""
+        mark = read_mark(self.mark)
+        if mark is None:
+            return False
+        linked = [n for n in mark["made"] if (self.root / n).is_symlink()]
+        if linked:
+            raise ConfigError(f"{self.root / linked[0]}: a run's folder is a link; hindsight writes, sweeps and moves "
+                              f"only real folders of its run directory")
+        return True
+
     def _write_mark(self, made: list[str]) -> None:
-        mark = read_json(self.mark, default=None) or {"by": "hindsight", "created": time.time()}
-        atomic_write_json(self.mark, {**mark, "made": sorted(made)})
+        try:
+            mark = read_mark(self.mark) or {"by": "hindsight", "created": time.time()}
+        except UnsignedMark:
+            mark = {"by": "hindsight", "created": time.time()}
+        atomic_write_json(self.mark, signed({**mark, "made": sorted(made)}))
 
     def made(self) -> list[str]:
         """The top-level folders hindsight made here (recorded in the mark)."""
-        return list((read_json(self.mark, default={}) or {}).get("made", []))
+        mark = read_mark(self.mark)
+        return list(mark["made"]) if mark else []
 
     def record(self, name: str) -> Path:
         """Note that hindsight makes the top-level folder `name` (before it writes there); the
@@ -154,14 +228,17 @@ class RunDir:
         in the folders hindsight made and at their level, nowhere else. Called under the run lock:
         no other writer can be live."""
         removed = []
-        if not self.mark.is_file():
+        try:
+            if not self._proven():
+                return removed
+        except ConfigError:  # a mark that does not prove itself: nothing is swept on its word
             return removed
         for name in os.listdir(self.root):
             m = TEMPORARY.match(name)
             if m and int(m.group(1)) != os.getpid() and _OURS.match(name[1:name.rindex(".tmp-")]):
                 removed.append(_remove(self.root / name))
         for name in self.made():
-            if (self.root / name).is_dir():
+            if (self.root / name).is_dir() and not (self.root / name).is_symlink():
                 removed += _sweep(self.root / name)
         return removed
 
@@ -220,18 +297,25 @@ def refuse_reserved(path: Path) -> None:
 
 
 def _remove(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)  # a link itself, never what it points to
     return path
 
 
 def _sweep(root: Path) -> list[Path]:
+    """The temporaries under `root`: links are not followed (os.walk's default) nor removed
+    through, and a folder holding another run's mark is not entered."""
     removed = []
     for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
         for name in [*dirnames, *filenames]:
             m = TEMPORARY.match(name)
             if m and int(m.group(1)) != os.getpid():
-                removed.append(_remove(Path(dirpath) / name))
-        dirnames[:] = [d for d in dirnames if not TEMPORARY.match(d)]
+                removed.append(_remove(here / name))
+        dirnames[:] = [d for d in dirnames if not TEMPORARY.match(d) and not (here / d).is_symlink()
+                       and not os.path.lexists(here / d / MARK)]
     return removed
 
 

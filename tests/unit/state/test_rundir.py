@@ -1,6 +1,7 @@
 """The run directory is one object: every path of a run comes from `state.rundir`, so no other
 module spells a run file's name (a scan of the source says so), and the run context reaches a
 reward as an argument, never through the environment."""
+import json
 import re
 from pathlib import Path
 
@@ -127,3 +128,77 @@ def test_the_sweep_and_force_touch_only_what_hindsight_made(tmp_path):
         run.move_aside("sft")
     assert (run.root / "sft").is_dir() and run.move_aside("rl").name.startswith("rl.old-")
     assert os.listdir(run.root / "notes") == [".draft.md.tmp-5"]
+
+
+# --- a run directory proves it is one ----------------------------------------------------------
+def _user_folder(tmp_path):
+    """A user's folder with their own temporaries in folders named like hindsight's."""
+    user = tmp_path / "user"
+    for rel in ("rl/.notes.md.tmp-4242", "sft/.draft.tmp-77", "src/main.py"):
+        (user / rel).parent.mkdir(parents=True, exist_ok=True)
+        (user / rel).write_text("mine")
+    return user
+
+
+def _files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("mark", ['{"made": ["rl", "sft"]}', '{"made": ["../../victim"]}', "not json"])
+def test_a_hand_written_mark_does_not_make_a_users_folder_a_run_directory(tmp_path, mark):
+    user = _user_folder(tmp_path)
+    (user / ".hindsight-run").write_text(mark)
+    (tmp_path / "victim").write_text("outside")
+    before = _files(user)
+    with pytest.raises(ConfigError, match="not a hindsight run directory|not a run-directory mark"):
+        RunDir(user).claim()
+    assert _files(user) == before and (tmp_path / "victim").exists()
+    assert RunDir(user).sweep_temporaries() == [] and _files(user) == before
+
+
+def test_a_mark_edited_by_hand_is_one_error_line(tmp_path):
+    run = RunDir(tmp_path / "run").claim()
+    run.record("rl")
+    mark = json.loads(run.mark.read_text())
+    run.mark.write_text(json.dumps({**mark, "made": ["rl", "../../victim"]}))
+    with pytest.raises(ConfigError, match=r"\.hindsight-run: not a run-directory mark hindsight wrote: its checksum "
+                                          r"does not match its content"):
+        RunDir(run.root).claim()
+    from hindsight.state.rundir import signed
+    run.mark.write_text(json.dumps(signed({**mark, "made": ["rl", "../../victim"]})))  # re-signed: still not a name
+    with pytest.raises(ConfigError, match="names folders hindsight does not make"):
+        RunDir(run.root).claim()
+
+
+def test_links_are_refused_and_never_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".keep.tmp-4242").write_text("not the run's")
+    run = RunDir(tmp_path / "run").claim()
+    run.record("rl")
+    (run.root / "rl").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="a run's folder is a link"):
+        RunDir(run.root).claim()
+    assert (elsewhere / ".keep.tmp-4242").exists()
+    other = RunDir(tmp_path / "other").claim()
+    other.record("sft")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".hindsight-run").symlink_to(other.mark)
+    with pytest.raises(ConfigError, match="it is a link"):
+        RunDir(linked).claim()
+
+
+def test_a_run_inside_another_run_is_refused_and_the_sweep_does_not_enter_one(tmp_path):
+    outer = RunDir(tmp_path / "outer").claim()
+    rl = outer.record("rl")
+    rl.mkdir()
+    with pytest.raises(ConfigError, match="inside the run directory .*outer of another run"):
+        RunDir(rl / "inner").claim()
+    inner = rl / "inner"  # one made by an older hindsight before this check: its writer may be alive
+    inner.mkdir()
+    (inner / ".hindsight-run").write_text("{}")
+    (inner / ".manifest.json.tmp-999999").write_text("a live writer's")
+    (rl / ".x.tmp-999998").write_text("half")
+    assert [p.name for p in outer.sweep_temporaries()] == [".x.tmp-999998"]
+    assert (inner / ".manifest.json.tmp-999999").exists()
