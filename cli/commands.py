@@ -264,18 +264,20 @@ def data_build(out: Optional[Path] = typer.Option(None, "--out", help="output fo
         typer.echo(f"matches {check}")
 
 
-def model_import(src: Path = typer.Argument(..., help="a .gguf model file"),
+def model_import(src: str = typer.Argument(..., help="a .gguf model file, or pkg://PACKAGE/FILE (a file an installed "
+                                                   "package ships)"),
                  out: Path = typer.Argument(..., help="the Hugging Face folder to write (new, or an earlier import)"),
                  debug: bool = typer.Option(False, "--debug", help="show tracebacks")):
     """De-quantize a GGUF model into a plain folder that trains, saves, and loads with plain
     transformers (what `model.base: x.gguf` does once, into a cache)."""
     def go():
         from hindsight.errors import ConfigError
-        from hindsight.models.gguf import import_gguf
+        from hindsight.models.gguf import import_gguf, package_file
 
-        if not src.is_file():
+        path = Path(package_file(src, field="model import")).expanduser()  # a str: Path would fold pkg://'s //
+        if not path.is_file():
             raise ConfigError(f"{src}: no such file (expected a .gguf model file)")
-        folder = import_gguf(src, out, field="model import")
+        folder = import_gguf(path, out, field="model import")
         typer.echo(f"imported {src} into {folder} (full precision; its checksums in {folder}/hindsight-import.json)")
 
     guard(go, debug)

@@ -11,6 +11,7 @@ reused while its files match (`hindsight model import SRC OUT` does the same int
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -62,23 +63,42 @@ def cached_import(src: str | Path, cache_dir: str | Path, field: str = "model.ba
     sha = file_sha256(src)
     out = Path(cache_dir) / f"gguf-{sha[:16]}"
     if not intact(out, sha):
-        import_gguf(src, out, field, sha)
+        import_gguf(src, out, field, sha, cache=True)
     return str(out), f"{src.name}@sha256:{sha[:16]}"
 
 
+def signed_record(record: dict) -> dict:
+    """The import record with a checksum of its own content (`sha256`): a hand edit shows."""
+    body = {k: v for k, v in record.items() if k != "sha256"}
+    return {**body, "sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+
+
 def intact(folder: Path, sha: str | None = None) -> bool:
-    """The folder is a complete import (of the GGUF with `sha`), every file as it was written."""
-    from hindsight.fsutil import file_sha256, read_json
+    """The folder is a complete import (of the GGUF with `sha`): a record that proves itself, its
+    every file as it was written, and no file it does not list."""
+    from hindsight.fsutil import file_sha256
 
-    record = read_json(folder / RECORD, default=None) if (folder / RECORD).is_file() else None
-    if not record or (sha is not None and record.get("source_sha256") != sha):
+    folder = Path(folder)
+    try:
+        record = json.loads((folder / RECORD).read_text()) if (folder / RECORD).is_file() else None
+    except (OSError, ValueError):
         return False
-    return all(file_sha256(folder / name) == want for name, want in record.get("files", {}).items())
+    if not isinstance(record, dict) or record.get("sha256") != signed_record(record)["sha256"]:
+        return False
+    files = record.get("files")
+    if not isinstance(files, dict) or (sha is not None and record.get("source_sha256") != sha):
+        return False
+    present = {p.name for p in folder.iterdir()} - {RECORD}
+    if present != set(files) or any((folder / name).is_symlink() or not (folder / name).is_file() for name in files):
+        return False
+    return all(file_sha256(folder / name) == want for name, want in files.items())
 
 
-def import_gguf(src: str | Path, out: str | Path, field: str = "model import", sha: str | None = None) -> Path:
+def import_gguf(src: str | Path, out: str | Path, field: str = "model import", sha: str | None = None,
+                cache: bool = False) -> Path:
     """De-quantize `src` into the plain Hugging Face folder `out` (written whole, or not at all);
-    `sha` is the file's sha256 when the caller has it already."""
+    `sha` is the file's sha256 when the caller has it already. `out` must be new, empty, or an
+    intact earlier import; `cache`: it is hindsight's own cache folder, replaced whatever it holds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hindsight.fsutil import atomic_dir, file_sha256
@@ -86,9 +106,10 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import", s
     src, out = Path(src).expanduser().resolve(), Path(out)
     if not is_gguf(src):
         raise ConfigError(f"{field}: {src} is not a .gguf file")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / RECORD).is_file())):
-        raise ConfigError(f"{field}: {out} already holds files that are not a model import (only an earlier "
-                          f"import is replaced); name a new folder")
+    if not cache and (out.is_symlink() or out.exists() and (not out.is_dir() or (any(out.iterdir()) and
+                                                                              not intact(out)))):
+        raise ConfigError(f"{field}: {out} already holds files that are not an intact model import (only an earlier "
+                          f"import whose record matches its files, file by file, is replaced); name a new folder")
     log.info("importing %s (de-quantizing to float32, once)", src)
     try:
         tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
@@ -105,7 +126,7 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import", s
         tok.save_pretrained(tmp)
         record = {"source": str(src), "source_sha256": sha or file_sha256(src),
                   "files": {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}}
-        (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True))
+        (tmp / RECORD).write_text(json.dumps(signed_record(record), indent=2, sort_keys=True))
 
     if out.exists():
         shutil.rmtree(out)

