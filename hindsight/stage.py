@@ -106,15 +106,18 @@ def check_prompts(spec: StageSpec, cfg: PipelineConfig, paths: dict) -> None:
     """The prompts the stage samples from (`prompts`, `eval`) fit its input model: a prompt past
     `data.max_prompt_tokens` or the model's context is one error, before any MLflow run starts."""
     files = [name for name in spec.data if name in ("prompts", "eval")]
-    policy = next((paths[k] for k in ("rl.init", "model.base", "negative_ft.init") if paths.get(k)), None)
-    if not files or policy is None:
+    field = next((k for k in ("rl.init", "model.base", "negative_ft.init") if paths.get(k)), None)
+    if not files or field is None:
         return
     from transformers import AutoConfig
 
     from hindsight.data.bounds import check_prompt_lengths, prompt_cap
+    from hindsight.data.template_guard import check_template
     from hindsight.models.load import load_tokenizer
 
+    policy = paths[field]
     tok = load_tokenizer(policy)
+    check_template(tok, f"{field}: {policy}")  # bounded, before the prompts below render through it
     context = getattr(AutoConfig.from_pretrained(policy), "max_position_embeddings", None)
     render = _multi_turn_render(spec, cfg, tok, policy)
     for name in files:

@@ -157,6 +157,15 @@ def _(ws, tmp):
     return Case(["model", "import", "m.gguf", "out"])
 
 
+@case("chat-template-memory-bomb")
+def _(ws, tmp):
+    """A model folder whose chat template asks for 3 GB (it was killed at an 8 GB cap after 99 s)."""
+    model = tmp / "model"
+    shutil.copytree(ws.init, model)
+    (model / "chat_template.jinja").write_text("{{ 'x' * 3000000000 }}")
+    return Case(rl_args(write_config(tmp, base_config(ws, tmp / "run", init=str(model)))), starts_no_run=True)
+
+
 @case("no-reward")
 def _(ws, tmp):
     return write_text_config(tmp, "rl:\n  scoring: {rewards: []}\n")

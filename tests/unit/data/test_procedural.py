@@ -82,3 +82,19 @@ def test_rg_score_is_the_tasks_own_verdict():
     assert rg_score(wrong, entries) == [0.0, 0.0, 0.0]
     chat = [[{"role": "assistant", "content": right[0]}]]  # TRL's conversational completions
     assert rg_score(chat, entries[:1]) == [1.0]
+
+
+# --- a chat template renders under a budget (hindsight.data.template_guard) ----------------------
+def test_a_template_past_its_time_or_memory_budget_is_one_error_naming_its_source():
+    from hindsight.data.template_guard import check_template
+    from hindsight.errors import ConfigError
+    from hindsight.models.tiny import build_chatml_tokenizer
+
+    tok = build_chatml_tokenizer()
+    check_template(tok, "rl.init: good")  # a plain template renders
+    tok.chat_template = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+    with pytest.raises(ConfigError, match=r"rl.init: loop: its chat template did not render .* within 2 s"):
+        check_template(tok, "rl.init: loop", timeout_s=2)
+    tok.chat_template = "{{ 'x' * 3000000000 }}"
+    with pytest.raises(ConfigError, match=r"rl.init: bomb: its chat template needed more than 256 MB"):
+        check_template(tok, "rl.init: bomb", memory_mb=256)
