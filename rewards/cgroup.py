@@ -17,8 +17,10 @@ why, and the code reward refuses to run unless its config opts out (`memory_scop
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import re
 import signal
 import time
 from functools import lru_cache
@@ -26,6 +28,8 @@ from pathlib import Path
 
 _V1 = Path("/sys/fs/cgroup/memory")
 _NAMES = itertools.count()
+_PREFIX = "hindsight-sandbox-"
+_LIVE: set["MemoryGroup"] = set()  # this process's open groups, closed at its exit whatever ended it cleanly
 
 
 @lru_cache(maxsize=1)
@@ -85,8 +89,10 @@ class MemoryGroup:
         if kind is None:
             raise RuntimeError(problem())
         self.kind = kind
-        self.path = base / f"hindsight-sandbox-{os.getpid()}-{next(_NAMES)}"
+        sweep_orphans(base)
+        self.path = base / f"{_PREFIX}{os.getpid()}-{next(_NAMES)}"
         self.path.mkdir()
+        _LIVE.add(self)
         if kind == "v2":
             (self.path / "memory.max").write_text(str(limit_bytes))
             if (self.path / "memory.swap.max").exists():
@@ -128,10 +134,48 @@ class MemoryGroup:
         try:
             self.path.rmdir()
         except OSError:
-            pass  # a process still leaving: the empty group is harmless and named for this process
+            pass  # a process still leaving: the group is swept by the next sandbox once its owner is gone
+        _LIVE.discard(self)
 
     def _pids(self) -> list[int]:
         try:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
         except (OSError, ValueError):
             return []
+
+
+def sweep_orphans(base: Path) -> list[Path]:
+    """Remove the groups a sandbox's process left when it was killed (SIGTERM or SIGKILL leave no
+    chance to): those named for a process that no longer runs, once their own processes are
+    killed. A live process's groups are its own to close."""
+    removed = []
+    try:
+        names = [p for p in base.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
+    except OSError:
+        return removed
+    for folder in names:
+        m = re.fullmatch(rf"{_PREFIX}(\d+)-\d+", folder.name)
+        if not m or _alive(int(m.group(1))):
+            continue
+        group = MemoryGroup.__new__(MemoryGroup)
+        group.path = folder
+        group.close()
+        if not folder.exists():
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@atexit.register
+def _close_live() -> None:
+    for group in list(_LIVE):
+        group.close()
