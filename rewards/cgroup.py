@@ -90,6 +90,7 @@ class MemoryGroup:
             raise RuntimeError(problem())
         self.kind = kind
         sweep_orphans(base)
+        _hook_sigterm()
         self.path = base / f"{_PREFIX}{os.getpid()}-{next(_NAMES)}"
         self.path.mkdir()
         _LIVE.add(self)
@@ -179,3 +180,29 @@ def _alive(pid: int) -> bool:
 def _close_live() -> None:
     for group in list(_LIVE):
         group.close()
+
+
+_HOOKED = {"pid": None}
+
+
+def _hook_sigterm() -> None:
+    """Where SIGTERM would end the process (no handler of its own), close its open groups first
+    and then die by the signal as before. A handler that was there (the RL stage's preemption
+    guard, which finishes the step in flight) is left to do its work: closing the groups would
+    kill the step's sandboxed calls. Set once a process, from its main thread."""
+    import threading
+
+    if _HOOKED["pid"] == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    before = signal.getsignal(signal.SIGTERM)
+
+    def closing(signum, frame):
+        if callable(before):
+            before(signum, frame)
+        elif before != signal.SIG_IGN:
+            _close_live()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, closing)
+    _HOOKED["pid"] = os.getpid()

@@ -1,6 +1,7 @@
-"""A sandbox's memory cgroup outlives a process killed by SIGTERM (no handler runs); the next
-sandbox started on the machine kills what is left in it and removes it, and a live process's
-groups are never touched."""
+"""A sandbox's memory cgroup does not outlive its process: on SIGTERM the process closes its
+groups, then dies by the signal as it would have; one left by a SIGKILL is swept by the next
+sandbox started on the machine, which kills what is left in it; a live process's groups are never
+touched."""
 import os
 import signal
 import subprocess
@@ -25,13 +26,23 @@ time.sleep(600)
 
 
 @pytest.mark.skipif(cgroup.problem() is not None, reason="no memory cgroup can be made on this machine")
-def test_a_group_left_by_a_sigtermed_process_is_swept_by_the_next_sandbox():
+def test_sigterm_closes_the_processs_groups_and_still_ends_it_by_the_signal():
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path, sleeper = child.stdout.readline().split()
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == -signal.SIGTERM
+    assert not Path(path).exists()
+
+
+@pytest.mark.skipif(cgroup.problem() is not None, reason="no memory cgroup can be made on this machine")
+def test_a_group_left_by_a_killed_process_is_swept_by_the_next_sandbox():
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     path, sleeper = child.stdout.readline().split()
     path, sleeper = Path(path), int(sleeper)
     live = cgroup.MemoryGroup(64 << 20)  # this process's own: the sweep must leave it
-    child.send_signal(signal.SIGTERM)
+    child.send_signal(signal.SIGKILL)
     child.wait(timeout=60)
     assert path.is_dir() and str(sleeper) in (path / "cgroup.procs").read_text()  # left behind, still holding
     removed = cgroup.sweep_orphans(path.parent)
