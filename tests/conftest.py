@@ -147,3 +147,14 @@ def tiny_init(tmp_path_factory):
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What a test measured and asked to be shown (`record_property("fuzz", ...)`): the fuzz
+    counts, in the run's output with or without xdist (properties travel with the reports)."""
+    lines = [value for report in terminalreporter.stats.get("passed", [])
+             for name, value in getattr(report, "user_properties", []) if name == "fuzz"]
+    if lines:
+        terminalreporter.write_sep("-", "fuzzed")
+        for line in lines:
+            terminalreporter.write_line(line)

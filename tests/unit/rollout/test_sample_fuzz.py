@@ -25,7 +25,6 @@ from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
 from tests.unit.rollout.multiturn_envs import games
 
 EXAMPLES = 10_000
-COUNT = {"tried": 0}
 
 
 def adversarial() -> st.SearchStrategy[str]:
@@ -52,7 +51,7 @@ def adversarial() -> st.SearchStrategy[str]:
 
 
 @pytest.mark.parametrize("parser", sorted(PARSERS))
-def test_no_output_escapes_a_parser_or_the_call_path(parser):
+def test_no_output_escapes_a_parser_or_the_call_path(parser, record_property):
     toolbox = Toolbox([Tool(games.add, "t")])
     tried = []
 
@@ -69,7 +68,7 @@ def test_no_output_escapes_a_parser_or_the_call_path(parser):
         tried.append(text)
 
     check()
-    print(f"{parser}: {len(tried)} outputs tried, none escaped")
+    record_property("fuzz", f"{parser}: {len(tried)} model outputs tried, none escaped")  # in the run's summary
     assert len(tried) >= EXAMPLES
 
 
