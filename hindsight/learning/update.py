@@ -40,7 +40,7 @@ class LearnerSettings:
     loss: Objective = Objective()             # the policy loss, its correction, KL and entropy terms
     reward_kl_coef: float = 0.0               # > 0 when `kl.in: reward`
     mask_truncated: bool = False              # completions cut at max_new_tokens are left out of the loss
-    entropy: object = None                    # `learning.entropy.EntropyControl` when the coefficient adapts
+    entropy: EntropyControl | None = None     # the adaptive coefficient's state (rl.learner.adaptive_entropy)
     mini_batch_size: int | None = None       # samples per optimizer step; None: the whole step
     micro_batch_tokens: int | None = None    # padded tokens per forward/backward; None: the whole mini-batch
     packing: str = "off"                     # off / on / auto: rows end to end in a micro-batch's forwards
