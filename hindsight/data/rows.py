@@ -15,14 +15,14 @@ MAX_DEPTH = 64             # nesting of one row (a chat message is 3 levels deep
 MAX_FILE_BYTES = 4 << 30   # one data file, and what a parquet file unpacks to
 
 
-def nesting_depth(value) -> int:
-    """How deeply lists and objects nest in `value`, without recursion."""
+def nesting_depth(value, stop: int = MAX_DEPTH) -> int:
+    """How deeply lists and objects nest in `value`, without recursion (counting stops past `stop`)."""
     depth, todo = 0, [(value, 1)]
     while todo:
         item, level = todo.pop()
         if isinstance(item, (list, dict)):
             depth = max(depth, level)
-            if depth > MAX_DEPTH:
+            if depth > stop:
                 return depth
             todo.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
     return depth

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Callable
 
+from hindsight.data.rows import nesting_depth
 from hindsight.rollout.multiturn.tools import ToolCall
 
 PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {}
@@ -32,26 +33,13 @@ def loads(body: str, what: str = "the tool call") -> tuple[object, str | None]:
         return None, f"{what} is not valid JSON ({exc.msg} at character {exc.pos})"
     except (RecursionError, ValueError, MemoryError) as exc:  # nesting, a 5,000-digit integer, a surrogate
         return None, f"{what} cannot be read ({type(exc).__name__})"
-    if _depth(value) > MAX_DEPTH:
+    if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
         return None, f"{what} nests deeper than {MAX_DEPTH} levels"
     try:  # a lone surrogate (\\ud800) parses, and then fails whatever encodes it: the template, the store
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return None, f"{what} holds text that is not valid Unicode"
     return value, None
-
-
-def _depth(value) -> int:
-    """How deep lists and objects nest in a parsed JSON value (iteratively: no recursion to exhaust)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        node, depth = todo.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, depth)
-            if depth > MAX_DEPTH:
-                return depth
-            todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
 
 
 def register(name: str):

@@ -9,6 +9,7 @@ from hindsight.config.legacy import AGGREGATION_LOSS
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from hindsight.learning.algorithms.advantages import grpo_advantages, has_signal
+from tests.unit.learning.trl_reference import Accelerator
 from hindsight.learning.losses.objective import Objective, aggregate, policy_loss
 from hindsight.learning.terms import kl_estimate
 
@@ -60,19 +61,6 @@ def test_clipping_hand_computed():
     assert loss_neg.item() == pytest.approx((1.5 + 0.8) / 2, abs=1e-6)
 
 
-class _Acc:
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-
 def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max_len, grad_accum=1,
               steps_per_generation=1, items=None, tool_mask=None):
     """Run TRL's GRPOTrainer._compute_loss on given tensors: only the model call is replaced."""
@@ -83,7 +71,7 @@ def _trl_loss(loss_type, logp, old, ref, adv, mask, beta, eps_low, eps_high, max
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=steps_per_generation),
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=grad_accum, max_completion_length=max_len, _entropy_bonus_enabled=False,
-        aux_loss_enabled=False, accelerator=_Acc(), _metrics=defaultdict(lambda: defaultdict(list)),
+        aux_loss_enabled=False, accelerator=Accelerator(), _metrics=defaultdict(lambda: defaultdict(list)),
     )
     inputs = {"prompt_ids": torch.zeros(logp.size(0), 2, dtype=torch.long), "prompt_mask": torch.ones(logp.size(0), 2),
               "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
