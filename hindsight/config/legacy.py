@@ -91,14 +91,12 @@ def _move_loss_keys(rl: dict) -> None:
     learner = rl.get("learner", {})
     if not isinstance(learner, dict):
         return  # a malformed block: its own validation names it
-    learner = dict(learner)
+    learner, spelt = dict(learner), {}  # spelt: how the user wrote a key, for its deprecation line
     for key in ("loss_agg", *CLIP_KEYS):  # the spelling under rl itself first goes where rl.learner's would
         if key in rl:
             if key in learner:
                 raise ValueError(f"rl.{key} and rl.learner.{key} are both set: keep one")
-            learner[key] = rl.pop(key)
-            learner.setdefault("_spelt", {})[key] = f"rl.{key}"
-    spelt = learner.pop("_spelt", {})
+            learner[key], spelt[key] = rl.pop(key), f"rl.{key}"
     if "loss_agg" in learner:
         agg = learner.pop("loss_agg")
         if "loss" in learner:
@@ -110,9 +108,9 @@ def _move_loss_keys(rl: dict) -> None:
     loss = learner.get("loss", "grpo")
     for key in [k for k in CLIP_KEYS if k in learner]:
         block = learner.get(loss) or {}
-        block = learner[loss] = dict(block) if isinstance(block, dict) else block
         if not isinstance(block, dict):
-            return
+            break  # a malformed block: its own validation names it
+        block = learner[loss] = dict(block)
         if key in block:
             raise ValueError(f"rl.learner.{key} and rl.learner.{loss}.{key} are both set: keep rl.learner.{loss}.{key}")
         log.warning("%s is deprecated: write rl.learner.%s.%s (the old key is accepted until %s)",

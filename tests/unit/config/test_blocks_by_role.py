@@ -175,3 +175,24 @@ def test_each_learner_knob_is_in_the_training_section(knob, tmp_path):
         assert a != b
         return
     pytest.fail(f"no valid other value for rl.learner.{'.'.join(knob)}")
+
+
+@pytest.mark.parametrize("where", ["rl", "learner"])
+def test_the_old_loss_keys_land_in_the_loss_and_its_block_and_say_so_once(where, caplog):
+    """`loss_agg` becomes the loss it named, the clip keys its block's, async's TIS the correction."""
+    old = {"loss_agg": "token_mean", "clip_eps_high": 0.28, "clip_ratio_c": 3.0}
+    rl = {**old, "async": {"is_correction": "tis", "is_cap": 2.5}} if where == "rl" else {
+        "learner": old, "async": {"is_correction": "tis", "is_cap": 2.5}}
+    with caplog.at_level(logging.WARNING, logger="hindsight"):
+        learner = PipelineConfig.model_validate({"rl": rl}).rl.learner
+    assert learner.loss == "dapo" and learner.loss_settings().clip_eps_high == 0.28
+    assert learner.loss_settings().clip_ratio_c == 3.0
+    assert (learner.correction.level, learner.correction.action, learner.correction.clip_max) == ("token", "truncate", 2.5)
+    prefix = "rl." if where == "rl" else "rl.learner."
+    said = [r.getMessage() for r in caplog.records if "is deprecated" in r.getMessage()]
+    assert said == [f"{prefix}loss_agg is deprecated: write rl.learner.loss: dapo (the old key is accepted until "
+                    f"hindsight 0.3)",
+                    *(f"{prefix}{k} is deprecated: write rl.learner.dapo.{k} (the old key is accepted until "
+                      f"hindsight 0.3)" for k in ("clip_eps_high", "clip_ratio_c")),
+                    "rl.async.is_correction is deprecated: write rl.learner.correction (the old key is accepted "
+                    "until hindsight 0.3)"]
