@@ -34,7 +34,7 @@ log = logging.getLogger("hindsight")
 def rl_story(ctx: StageContext) -> StageOutput:
     """Evaluate, then rollout -> score -> update per step while watching the metrics (alerts,
     reports, plots), and once the policy is registered, compare it with earlier versions."""
-    from tasks.rl import close_run, evaluate_task, get_run, open_run
+    from tasks.rl import close_run, get_run, open_run
 
     cfg, run_id = ctx.cfg, ctx.run_id
     # from the first model load on: a node reclaimed while the run starts stops cleanly too
@@ -47,7 +47,7 @@ def rl_story(ctx: StageContext) -> StageOutput:
             tracking.set_tags(cfg, run_id, {"hindsight.run_dir": str(cfg.root.resolve())})
             tracking.log_decoding(cfg, run_id, run.decoding)
             _announce_resume(cfg, run_id, run)
-            _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": evaluate_task(key)})
+            _watch(cfg, key, run_id, run.start_step, {"eval/accuracy": _evaluate(cfg, key, run_id, run.start_step)})
             _steps(cfg, key, run_id, run.start_step, preemption)
             final_acc = run.monitor.history[-1]["eval/accuracy"]  # the last step always evaluates
             policy_dir, init_path = run.ckpt.policy_dir(cfg.rl.steps), run.init_path
@@ -85,7 +85,7 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: Preemption) -> None:
     from hindsight.state.checkpoint import checkpoint_spans
-    from tasks.rl import evaluate_task, get_run, steps_task
+    from tasks.rl import get_run, steps_task
 
     if preemption.requested:  # while the run started: nothing was trained that a checkpoint lacks
         raise Preempted(f"preempted by {preemption.name()} before step {start} of {cfg.rl.steps}: nothing was "
@@ -97,7 +97,7 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: P
         SIGTERM, checkpoint the step and stop."""
         done, metrics = step + 1, _numeric(out)
         if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
-            metrics["eval/accuracy"] = evaluate_task(key)
+            metrics["eval/accuracy"] = _evaluate(cfg, key, run_id, done)
         if out.get("replay/ids"):
             tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
         progress.advance(done, f"reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
@@ -169,15 +169,27 @@ def rl_flow(cfg: PipelineConfig, force: bool = False, parent_run_id: str | None 
     return run_declared(RL, cfg, force, parent_run_id)
 
 
+def _evaluate(cfg: PipelineConfig, key: str, run_id: str, done: int) -> float:
+    """Held-out accuracy after `done` steps; its greedy answers become traces (off the step's path)."""
+    from tasks.rl import evaluate_task
+
+    acc, answers = evaluate_task(key, done)
+    tracking.log_eval_traces(cfg, run_id, answers, done)
+    return acc
+
+
 def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict) -> None:
     """Log the step, run the alert rules, and write the report and plots when one is due.
 
     A `stop` alert first writes a checkpoint at this step, so rerunning the command resumes here.
     """
+    from hindsight.rollout.worker import group_seed
     from tasks.rl import get_run, report_task
 
     run = get_run(key)
     tracking.log_metrics(cfg, run_id, metrics, done)
+    if done and "reward/mean" in metrics:  # the step's trajectories, read back from the store by the writer
+        tracking.log_step_traces(cfg, run_id, run.dir, done, lambda group: group_seed(cfg.seed, done - 1, group))
     alerts = run.observe(done, metrics)
     for alert in alerts:
         say(f"ALERT {alert.message}")

@@ -9,7 +9,8 @@ from prefect.cache_policies import NO_CACHE
 from hindsight.config import PipelineConfig
 from hindsight.lookback.rebuild import write_plots, write_step_report
 from hindsight.coordination.run import RLRun
-from hindsight.scoring.evaluate import evaluate_model
+from hindsight.fsutil import atomic_write_json
+from hindsight.scoring.evaluate import evaluate_answers
 
 _RESIDENT: dict[str, RLRun] = {}
 
@@ -61,6 +62,10 @@ def report_task(key: str, done: int) -> list[str]:
 
 
 @task(name="evaluate")
-def evaluate_task(key: str) -> float:
+def evaluate_task(key: str, step: int) -> tuple[float, list[dict]]:
+    """Held-out accuracy after `step` steps, and each greedy answer, kept under rl/evals/ (what
+    `hindsight compare --eval` lines up across runs)."""
     run = get_run(key)
-    return evaluate_model(run.cfg, run.policy, run.tok, run.scorers.reward_worker)
+    acc, answers = evaluate_answers(run.cfg, run.policy, run.tok, run.scorers.reward_worker)
+    atomic_write_json(run.paths.eval_answers(step), {"step": step, "accuracy": acc, "answers": answers})
+    return acc, answers

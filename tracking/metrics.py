@@ -1,6 +1,7 @@
 """Metrics through one writer thread of ours, in order; flushed before a run ends and at exit."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,8 @@ MAX_PER_BATCH = 1000   # MLflow's limit on the metrics of one log_batch
 _BUFFER: dict[tuple[str, str], tuple[PipelineConfig, list]] = {}  # (tracking uri, run id) -> rows not yet sent
 _SENT_AT: dict[tuple[str, str], float] = {}
 _LOCK = threading.Lock()
+_OTHER: list[Future] = []  # other writes on the writer thread (traces), not yet done
+log = logging.getLogger("hindsight.tracking")
 
 
 def _writer() -> ThreadPoolExecutor:
@@ -74,6 +77,23 @@ def _submit(fn, *args) -> Future:
         return done
 
 
+def submit_write(fn) -> None:
+    """Run `fn` on the writer thread, after the writes queued before it (traces use this); it
+    spools its own writes during an outage. `flush_metrics` waits for it; a failure that is not
+    an outage is said once as a warning: a look-back write never fails the training."""
+    while _OTHER and _OTHER[0].done():
+        _report(_OTHER.pop(0))
+    _OTHER.append(_submit(fn))
+
+
+def _report(done: Future) -> None:
+    try:
+        done.result()
+    except Exception as exc:
+        log.warning("a trace write failed (%s: %s); training goes on without it", type(exc).__name__,
+                    (str(exc).splitlines() or [""])[0][:300])
+
+
 def _log_batches(c, run_id: str, rows: list) -> None:
     for i in range(0, len(rows), MAX_PER_BATCH):
         c.log_batch(run_id, metrics=[Metric(*r) for r in rows[i:i + MAX_PER_BATCH]])
@@ -95,6 +115,8 @@ def flush_metrics() -> None:
             uri = tracking_uri(cfg)
             OUTAGE.went_down(uri, Spool(cfg.root), exc)
             Spool(cfg.root).add("metrics", uri, run_id, metrics=rows)
+    while _OTHER:
+        _report(_OTHER.pop(0))
 
 
 def _metric_key(key: str) -> str:

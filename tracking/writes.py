@@ -60,6 +60,9 @@ def sync_spool(run_dir: str | Path, uri: str) -> int:
         except MlflowException as exc:
             first = (str(exc.message if hasattr(exc, "message") else exc).strip().splitlines() or [""])[0][:300]
             raise SpoolError(f"{check.where}: MLflow refused the spooled {op['op']!r}: {first}") from None
+        except (KeyError, TypeError, AttributeError) as exc:  # a record of a spooled trace without its fields
+            raise SpoolError(f"{check.where}: the spooled {op['op']!r} is malformed ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
 
     return Spool(run_dir).replay(apply, check)
 
@@ -152,7 +155,7 @@ def same_files(op: dict, where: str) -> None:
 _FIELDS = {"metrics": {"metrics": list}, "tags": {"tags": dict}, "params": {"params": dict},
            "artifact": {"path": str}, "text": {"text": str, "artifact_file": str},
            "register": {"local_dir": str, "model_name": str, "aliases": list},
-           "terminate": {"status": str}}
+           "terminate": {"status": str}, "traces": {"records": list}}
 
 
 def _apply(c: MlflowClient, op: dict):
@@ -171,6 +174,10 @@ def _apply(c: MlflowClient, op: dict):
         return register_version(c, run_id, op["local_dir"], op["model_name"], tuple(op["aliases"]), op.get("tags"))
     elif kind == "terminate":
         c.set_terminated(run_id, status=op["status"])
+    elif kind == "traces":
+        from tracking.traces import send_records
+
+        send_records(c.tracking_uri, run_id, op["records"], c.get_run(run_id).info.experiment_id)
 
 
 def register_version(c: MlflowClient, run_id: str, local_dir: str | Path, model_name: str, aliases: tuple[str, ...],

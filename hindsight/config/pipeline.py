@@ -10,6 +10,7 @@ from hindsight.errors import ConfigError
 from hindsight.config.yamlfile import describe_errors, read_yaml_mapping
 from hindsight.config.base import Strict
 from hindsight.config.data import DataConfig, EvalConfig, ModelConfig
+from hindsight.config.lookback import LookbackConfig
 from hindsight.config.rl import RLConfig
 from hindsight.config.stages import NegativeFTConfig, RewardModelConfig, SFTConfig
 from hindsight.state.rundir import system_folder_problem
@@ -45,6 +46,7 @@ class PipelineConfig(Strict):
     negative_ft: NegativeFTConfig = Field(default_factory=NegativeFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    lookback: LookbackConfig = Field(default_factory=LookbackConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 

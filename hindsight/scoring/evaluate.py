@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
+from hindsight.data.chat import display_prompt
 from hindsight.errors import RewardError
 from hindsight.data.rows import load_rows
 from hindsight.models.load import load_causal_lm, load_tokenizer
@@ -86,10 +87,17 @@ def evaluate_model(cfg, model, tok, worker=None) -> float:
     """Held-out accuracy with the config's eval settings; every stage reports it the same way.
     The judge runs guarded like any reward: in `worker`, or in a worker of its own when
     rl.scoring.isolation is `process`."""
+    return evaluate_answers(cfg, model, tok, worker)[0]
+
+
+def evaluate_answers(cfg, model, tok, worker=None) -> tuple[float, list[dict]]:
+    """The accuracy and each answer: {"prompt" (as text), "answer", "correct"}, in eval order."""
+    rows = eval_rows(cfg)
     with judge_worker(cfg, worker) as w:
-        acc, _ = accuracy(model.eval(), tok, eval_rows(cfg), cfg.eval.reward, cfg.eval.max_new_tokens, w,
-                          cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback, cfg.rl.rollout.multi_turn)
-    return acc
+        judged = judge(model.eval(), tok, rows, cfg.eval.reward, cfg.eval.max_new_tokens, w,
+                       cfg.rl.scoring.timeout_s, cfg.rl.scoring.fallback, cfg.rl.rollout.multi_turn)
+    answers = [{"prompt": display_prompt(r["prompt"]), "answer": a, "correct": ok} for r, (a, ok) in zip(rows, judged)]
+    return sum(1.0 for a in answers if a["correct"]) / len(rows), answers
 
 
 @contextmanager

@@ -7,6 +7,7 @@ spool); `RLDir` is the RL stage's folder, whose layout is the look-back the proj
     rl/ledger/step-N.json                              where each group stands (`state.ledger`)
     rl/checkpoints/                                    versioned components (`state.checkpoint`)
     rl/metrics.jsonl, alerts.jsonl, resume-changes.jsonl, workers.jsonl
+    rl/evals/                                          evaluation's greedy answers, per eval
     rl/reports/, plots/, export/, judge/, rescored/, corrupt/
     rl/scale.json, scale-result.json, sampler.log
 
@@ -96,6 +97,10 @@ class RLDir:
 
     def report(self, step: int) -> Path:
         return self.reports / f"step-{step:06d}.html"
+
+    def eval_answers(self, step: int) -> Path:
+        """Evaluation's greedy answers after `step` steps (0: before training)."""
+        return self.path / "evals" / f"step-{step:06d}.json"
 
     def context(self) -> "RunContext":
         return RunContext(run_dir=str(self.path), cache_dir=str(self.path))

@@ -49,6 +49,44 @@ def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
     assert {"multiturn/turns", "multiturn/tool_calls", "multiturn/tool_error_rate",
             "multiturn/retokenize_mismatches"} <= metrics.keys()
     assert metrics["multiturn/tool_calls"] > 0
+    _traces_hold_the_stored_trajectories(env["MLFLOW_TRACKING_URI"], policy.run_id, tmp_path / "runs/demo-tools/rl")
+
+
+def _traces_hold_the_stored_trajectories(uri: str, run_id: str, rl_dir: Path) -> None:
+    """Every stored trajectory (2 steps x 4, under the default 8 a step) and every eval answer (4 at
+    step 0 and 4 at the end) is a trace of the run, found by run id: a span per model turn and
+    per tool call, in the trajectory's order, and the stored scores as feedback."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    exp = MlflowClient(uri).get_run(run_id).info.experiment_id
+    traces = mlflow.search_traces(locations=[exp], run_id=run_id, return_type="list", max_results=500)
+    train = {int(t.info.tags["hindsight.index"]) + 100 * int(t.info.tags["hindsight.step"]): t for t in traces
+             if t.info.tags["hindsight.kind"] == "train"}
+    evals = [t for t in traces if t.info.tags["hindsight.kind"] == "eval"]
+    assert len(train) == 8 and len(evals) == 8, (len(train), len(evals))
+    assert sorted({t.info.tags["hindsight.step"] for t in evals}) == ["0", "2"]
+    for shard in (0, 1):
+        rows = pq.read_table(rl_dir / f"rollouts/step-{shard:06d}.parquet").to_pylist()
+        scores = {s["index"]: s for s in pq.read_table(rl_dir / f"scores/step-{shard:06d}.parquet").to_pylist()}
+        for r in rows:
+            t = train[r["index"] + 100 * (shard + 1)]
+            kinds = [(s.span_type, s.name.split(" ")[0]) for s in t.data.spans if s.parent_id is not None]
+            expected = []
+            for turn in json.loads(r["turns"]):
+                if turn["role"] == "assistant":
+                    expected.append(("LLM", "model"))
+                else:
+                    expected += [("TOOL", "tool")] * len(turn.get("calls", [])) or [("TOOL", "environment")]
+            assert kinds == expected, (kinds, expected)
+            feedback = {a.name: a.value for a in t.info.assessments}
+            assert feedback["reward"] == scores[r["index"]]["reward"]
+            assert feedback["reward/exact_answer"] == scores[r["index"]]["reward_exact_answer"]
+            root = next(s for s in t.data.spans if s.parent_id is None)
+            assert root.inputs["prompt"] == r["prompt"] and root.attributes["policy_version"] == r["weights_version"]
+            calls = [c for turn in json.loads(r["turns"]) for c in turn.get("calls", [])]
+            for span, call in zip([s for s in t.data.spans if s.span_type == "TOOL"], calls):
+                assert span.inputs["arguments"] == call["arguments"] and span.outputs["result"] == call["result"]
 
 
 def test_the_guess_demo_plays_its_game_over_several_turns(tmp_path):
