@@ -106,9 +106,10 @@ def to_trace(record: dict, run_id: str, experiment_id: str):
     from mlflow.entities import AssessmentSource, Feedback, Trace
 
     tid = record["id"]
-    digest = hashlib.sha256(tid.encode()).digest()
-    otel_trace, now = _b64(digest[:16]), time.time_ns()
-    root_id = digest[16:24]
+    # MLflow's own convention: the trace id is `tr-` + the OpenTelemetry trace id in hex (a server
+    # taking spans over OTLP derives it that way, so any other id leaves the spans unfound)
+    otel_trace, now = _b64(bytes.fromhex(tid[3:])), time.time_ns()
+    root_id = hashlib.sha256(tid.encode()).digest()[:8]
 
     def span(i: int, name: str, kind: str, parent: bytes | None, inputs, outputs, attributes, error=None) -> dict:
         sid = root_id if parent is None else hashlib.sha256(f"{tid}/{i}".encode()).digest()[:8]

@@ -60,7 +60,7 @@ def sync_spool(run_dir: str | Path, uri: str) -> int:
         except MlflowException as exc:
             first = (str(exc.message if hasattr(exc, "message") else exc).strip().splitlines() or [""])[0][:300]
             raise SpoolError(f"{check.where}: MLflow refused the spooled {op['op']!r}: {first}") from None
-        except (KeyError, TypeError, AttributeError) as exc:  # a record of a spooled trace without its fields
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a record of a spooled trace without its fields
             raise SpoolError(f"{check.where}: the spooled {op['op']!r} is malformed ({type(exc).__name__}: "
                              f"{str(exc)[:200]})") from None
 

@@ -78,7 +78,28 @@ def test_killing_the_mlflow_server_mid_run_loses_nothing_after_sync(tiny_init, p
             assert sorted({m.step for m in history}) == sorted(want) == list(range(1, STEPS + 1)), key
             assert all(abs(m.value - want[m.step]) < 1e-9 for m in history), key
         assert {"reports", "plots"} <= {f.path for f in client.list_artifacts(run.info.run_id)}
+        _every_trace_arrived(url, run, tmp_path / "runs" / "outage" / "rl")
 
         rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "outage-policy v1" in rerun.stdout  # the cached stage, with the version sync registered
+
+
+def _every_trace_arrived(url: str, run, rl_dir: Path) -> None:
+    """The traces written before the kill and those spooled after it: 8 a step (of 16 samples),
+    and every eval answer, each with its stored reward as feedback, none twice."""
+    import mlflow
+    import pyarrow.parquet as pq
+
+    mlflow.set_tracking_uri(url)
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list",
+                                  max_results=1000)
+    train = [t for t in traces if t.info.tags["hindsight.kind"] == "train"]
+    answers = sum(len(json.loads(p.read_text())["answers"]) for p in (rl_dir / "evals").glob("*.json"))
+    assert len(train) == STEPS * 8 and len(traces) - len(train) == answers, (len(train), len(traces), answers)
+    assert len({t.info.trace_id for t in traces}) == len(traces)
+    for t in train:
+        step, index = int(t.info.tags["hindsight.step"]), int(t.info.tags["hindsight.index"])
+        scores = pq.read_table(rl_dir / f"scores/step-{step - 1:06d}.parquet").to_pylist()
+        feedback = {a.name: a.value for a in t.info.assessments}
+        assert feedback["reward"] == next(s["reward"] for s in scores if s["index"] == index)
