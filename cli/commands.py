@@ -133,16 +133,28 @@ def report(run: str = typer.Argument(..., help="run directory (runs/NAME) or the
     guard(go, debug)
 
 
-def compare(run_a: str = typer.Argument(..., help="MLflow run id or name"),
-            run_b: str = typer.Argument(..., help="MLflow run id or name"),
+def compare(run_a: str = typer.Argument(..., help="MLflow run id or name (or, with --step/--eval, a run directory)"),
+            run_b: str = typer.Argument(..., help="MLflow run id or name (or, with --step/--eval, a run directory)"),
+            step: Optional[int] = typer.Option(None, "--step", help="line up the prompts both runs sampled, at "
+                                                                    "this RL step (1-based), as HTML"),
+            eval_: bool = typer.Option(False, "--eval", help="line up both runs' greedy eval answers (after --step, "
+                                                             "default the last eval), as HTML"),
+            out: Optional[Path] = typer.Option(None, "--out", help="HTML file; default compare-A-B-step-N.html"),
             tracking_uri: Optional[str] = TrackingOpt, debug: bool = DebugOpt):
-    """Final metrics side by side, and the config keys that differ, for two MLflow runs."""
+    """Final metrics side by side, and the config keys that differ, for two MLflow runs; with
+    --step or --eval, what each run answered to the same prompts, side by side."""
     env()
 
     def go():
-        from tracking.lookback import client_for, compare_runs
+        if step is None and not eval_:
+            from tracking.lookback import client_for, compare_runs
 
-        typer.echo(compare_runs(client_for(tracking_uri), run_a, run_b))
+            typer.echo(compare_runs(client_for(tracking_uri), run_a, run_b))
+            return
+        from tracking.lookback import compare_prompts
+
+        written, summary = compare_prompts(run_a, run_b, step, eval_, out, tracking_uri)
+        typer.echo(f"{summary}\nwrote {written}")
 
     guard(go, debug)
 

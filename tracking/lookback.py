@@ -89,3 +89,39 @@ def compare_runs(c: MlflowClient, ref_a: str, ref_b: str) -> str:
     params = [[k, a.data.params.get(k, "-"), b.data.params.get(k, "-")] for k in diff]
     return "\n".join([text_table(["metric", *names, "delta"], rows), "", f"config differences ({len(diff)}):",
                       text_table(["key", *names], params) if params else "  (none)"])
+
+
+def rl_dir_for(ref: str, uri: str | None) -> Path:
+    """A run directory given as a path, or the one an RL run's tag names (checked, as for reports)."""
+    from hindsight.lookback.rebuild import rl_dir_of
+
+    return rl_dir_of(ref if Path(ref).exists() else run_dir_of(client_for(uri), ref))
+
+
+def compare_prompts(ref_a: str, ref_b: str, step: int | None, evals: bool, out: Path | None,
+                    uri: str | None) -> tuple[Path, str]:
+    """HTML of two runs' answers to the same prompts (`hindsight compare --step/--eval`), and a line."""
+    from hindsight.lookback.compare import eval_step, line_up_evals, line_up_steps, render_evals, render_steps
+    from hindsight.lookback.rebuild import tokenizer_for
+    from hindsight.state.store import RolloutStore
+
+    a, b = rl_dir_for(ref_a, uri), rl_dir_for(ref_b, uri)
+    names = (a.parent.name, b.parent.name) if a.parent.name != b.parent.name else (str(a.parent), str(b.parent))
+    if evals:
+        n = eval_step(a, step)
+        eval_step(b, n)  # both evaluated after it, or one error naming the run that did not
+        pairs = line_up_evals(a, b, n)
+        text = render_evals(names, n, pairs)
+        summary = f"{len(pairs)} eval prompts after step {n}: " + ", ".join(
+            f"{name} {sum(1 for p in pairs if p[k] is not None and p[k]['correct'])} correct"
+            for k, name in enumerate(names))
+    else:
+        n = step if step is not None else max(RolloutStore(a).steps("scores"), default=0) + 1
+        pairs = line_up_steps(a, b, n)
+        tok_a, tok_b = tokenizer_for(a), tokenizer_for(b)
+        text = render_steps(names, n, pairs, (lambda i: tok_a.decode([i]), lambda i: tok_b.decode([i])))
+        summary = f"{len(pairs)} prompts of step {n}; {sum(t is not None for _, t in pairs)} also sampled by {names[1]}"
+    kind = "eval" if evals else "step"
+    path = out or Path(f"compare-{a.parent.name}-{b.parent.name}-{kind}-{n}.html")
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return path, summary

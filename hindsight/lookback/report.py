@@ -88,7 +88,7 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
-def _group_table(rows: list[dict], scores: list[dict], advantages: dict[int, float], decode, kl_estimator: str) -> str:
+def group_table(rows: list[dict], scores: list[dict], advantages: dict[int, float], decode, kl_estimator: str) -> str:
     fns = [k for k in scores[0] if k.startswith("reward_")]
     has_rm = any(s.get("rm_score") is not None for s in scores)
     head = "".join(f"<th>{html.escape(k.removeprefix('reward_'))}</th>" for k in fns)
@@ -144,13 +144,13 @@ def render_step_report(run_name: str, step: int, rows: list[dict], scores: list[
         replay = " (replayed hard example)" if first.get("replayed") else ""
         sections.append(f'<section class="group" data-group="{_attr(g)}"><h2>prompt {html.escape(str(first["prompt_id"]))}'
                         f'{replay}</h2><div class="prompt">{html.escape(str(first["prompt"]))}</div>'
-                        + _group_table([rows[j] for j in idx], [scores[j] for j in idx], advantages, decode,
+                        + group_table([rows[j] for j in idx], [scores[j] for j in idx], advantages, decode,
                                        kl_estimator)
                         + "</section>")
     summary = "".join(f"<tr><th>{html.escape(k)}</th><td class='num metric' data-metric='{html.escape(k)}'>"
                       f"{_fmt(metrics[k])}</td></tr>" for k in SUMMARY_KEYS if k in metrics)
     legend = "".join(f'<span style="background:{shade(math.log(p))}">p={p}</span>' for p in (1.0, 0.75, 0.5, 0.25, 0.05))
-    return _page(f"{run_name}: RL step {step}",
+    return page(f"{run_name}: RL step {step}",
                  f"<p>{len(rows)} completions in {len(groups)} groups; showing {min(len(groups), max_groups)}. "
                  f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.</p>"
                  f"<h2>step metrics</h2><table class='summary'>{summary}</table>"
@@ -167,7 +167,7 @@ def render_versions_report(run_name: str, prompts: list[str], answers: dict[str,
         cells = "".join(f'<td class="answer {"good" if answers[v][i][1] else "bad"}" data-version="{html.escape(v)}" '
                         f'data-correct="{int(answers[v][i][1])}">{html.escape(answers[v][i][0])}</td>' for v in labels)
         body.append(f'<tr><td class="prompt">{html.escape(p)}</td>{cells}</tr>')
-    return _page(f"{run_name}: registered policy versions compared",
+    return page(f"{run_name}: registered policy versions compared",
                  f"<table class='versions'><tr><th>prompt</th>{head}</tr>{''.join(body)}</table>")
 
 
@@ -186,7 +186,7 @@ def text_table(header: list[str], rows: list[list], max_width: int = 48) -> str:
     return "\n".join([fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
 
 
-def _page(title: str, body: str) -> str:
+def page(title: str, body: str) -> str:
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n")
     # a lone surrogate (a crafted shard, a broken tokenizer) cannot be written as UTF-8: show it escaped
