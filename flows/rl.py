@@ -6,6 +6,7 @@ and resumes from its newest checkpoint, training on stored rollouts before sampl
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from prefect import flow
 
@@ -13,7 +14,7 @@ from flows.common import run_declared, transient
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.data.rows import format_mismatch
-from hindsight.errors import AlertStop, Preempted
+from hindsight.errors import AlertStop, EarlyStopped, Preempted
 from hindsight.faults import crash_point
 from hindsight.fsutil import append_line
 from hindsight.state.rundir import RunDir
@@ -84,6 +85,7 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
 
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: Preemption) -> None:
+    from hindsight.lookback.curve import run_curves
     from hindsight.state.checkpoint import checkpoint_spans
     from tasks.rl import get_run, steps_task
 
@@ -100,7 +102,11 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: P
             metrics["eval/accuracy"] = _evaluate(cfg, key, run_id, done)
         if out.get("replay/ids"):
             tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
-        progress.advance(done, f"reward {metrics['reward/mean']:.3f} kl {metrics.get('kl', 0.0):.4f}")
+        metrics.update(run_curves(get_run(key).monitor.history + [{"step": done, **metrics}],
+                                  cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt, cfg.lookback.curve_min_points,
+                                  cfg.rl.steps))
+        plateau = f" → {metrics['curve/reward/asymptote']:.3f}" if "curve/reward/asymptote" in metrics else ""
+        progress.advance(done, f"reward {metrics['reward/mean']:.3f}{plateau} kl {metrics.get('kl', 0.0):.4f}")
         _watch(cfg, key, run_id, done, metrics)
         if preemption.requested and done < cfg.rl.steps:
             get_run(key).checkpoint(done)
@@ -202,10 +208,28 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
         for plot in plots:
             tracking.log_artifact(cfg, run_id, plot, "plots")
     stops = [a for a in alerts if a.action == "stop"]
+    early = _early_stop(cfg, done, metrics)
+    if early and not stops:
+        raise EarlyStopped(f"{early}. {_checkpoint_for_resume(run, done)}")
     if stops:
         raise AlertStop(f"stopped by alert at step {done}: {stops[0].message.split(': ', 1)[1]}. "
                         f"{_checkpoint_for_resume(run, done)}; rerun the same command to resume (change or "
                         f"remove the rule under rl.alerts first if it would fire again)")
+
+
+def _early_stop(cfg: PipelineConfig, done: int, metrics: dict) -> str | None:
+    """In a sweep with early stop: post this trial's fit, and say why it stops if it cannot win."""
+    es = cfg.lookback.early_stop
+    if not es.board or not done:
+        return None
+    from hindsight.lookback.early_stop import leader, post, verdict
+
+    board, trial = Path(es.board), cfg.root.name
+    mine = post(board, trial, done, metrics, es.metric)
+    why = verdict(mine, leader(board, trial), done, es.min_steps, es.metric)
+    if why:
+        say(f"stopped: {why}")
+    return why
 
 
 def _checkpoint_for_resume(run, done: int) -> str:

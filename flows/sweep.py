@@ -32,6 +32,9 @@ def sweep_flow(sweep: SweepConfig, base: PipelineConfig, force: bool = False, sw
     table = ranking_table(ranked, list(sweep.params), sweep.metric)
     say(table)
     _publish(base, sweep, parent, ranked, table)
+    stopped = {f"hindsight.stopped.{r['trial']}": r["why"] for r in ranked if r.get("status") == "stopped"}
+    if stopped:
+        tracking.set_tags(base, parent, stopped)
     best = next((r for r in ranked if r["rank"] == 1), None)
     if best:
         tracking.client(base).set_registered_model_alias(model_name(base, "policy"), "best", best["version"])

@@ -33,6 +33,10 @@ class AlertStop(HindsightError):
     """An alert rule with `action: stop` fired; a resumable checkpoint was written first."""
 
 
+class EarlyStopped(AlertStop):
+    """A sweep trial whose fitted curve cannot reach the leader's stopped (`lookback.early_stop`)."""
+
+
 class TrackingError(HindsightError):
     """The MLflow tracking server could not be reached; what it did not get is spooled."""
 

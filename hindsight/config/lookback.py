@@ -2,6 +2,8 @@
 curve, a sweep's early stop). None of it changes what is trained, so it is in no stage's cache key."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from hindsight.config.base import Strict
@@ -10,7 +12,8 @@ from hindsight.config.base import Strict
 class EarlyStopConfig(Strict):
     """Set on each trial by a sweep with `early_stop.enabled` (see `SweepConfig.early_stop`)."""
     board: str | None = Field(None, description="folder where the sweep's trials post their fitted curves")
-    metric: str = Field("reward/mean", description="the curve whose asymptotes are compared")
+    metric: Literal["reward/mean", "eval/accuracy"] = Field("reward/mean", description="the curve whose asymptotes "
+                                                                                       "are compared")
     min_steps: int = Field(4, ge=2, description="no trial stops before this many steps")
 
 

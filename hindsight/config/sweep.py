@@ -29,6 +29,13 @@ class Range(Strict):
     log: bool = False
 
 
+class SweepEarlyStop(Strict):
+    """Stop a trial whose fitted curve cannot reach the leader's (`hindsight.lookback.early_stop`)."""
+    enabled: bool = False
+    metric: Literal["reward/mean", "eval/accuracy"] = Field("reward/mean", description="the fitted curve compared")
+    min_steps: int = Field(4, ge=2, description="no trial stops before this many steps")
+
+
 class SweepConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     base: str = Field(description="pipeline config the trials start from, relative to the sweep file")
@@ -42,6 +49,7 @@ class SweepConfig(Strict):
                                                      "(e.g. rl/rl-local) to its work pool; default: local processes")
     set: dict[str, Any] = Field(default_factory=dict, description="overrides applied to every trial")
     params: dict[str, list | Range] = Field(description="dotted key -> values (grid or random) or a range (random)")
+    early_stop: SweepEarlyStop = Field(default_factory=SweepEarlyStop)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -53,6 +61,8 @@ class SweepConfig(Strict):
                 raise ValueError(f"params.{ranges[0]}: a grid needs a list of values, not a range")
         elif self.trials is None:
             raise ValueError("trials: random search needs a number of trials")
+        if self.early_stop.enabled and self.mode != "max":
+            raise ValueError("early_stop: compares fitted asymptotes of a reward or accuracy, so mode must be max")
         empty = [k for k, v in self.params.items() if isinstance(v, list) and not v]
         if empty:
             raise ValueError(f"params.{empty[0]}: empty list of values")
@@ -94,6 +104,10 @@ def trial_config(sweep: SweepConfig, base: PipelineConfig, index: int, params: d
     """The base config with the trial's values and its own run directory; a bad key names the sweep file."""
     raw = copy.deepcopy(base.model_dump(mode="json", by_alias=True))
     raw["run_dir"] = str(Path(base.root).parent / sweep.name / trial_id(index))
+    if sweep.early_stop.enabled:  # the trials post their fitted curves here and read each other's
+        raw.setdefault("lookback", {})["early_stop"] = {
+            "board": str(Path(base.root).parent.resolve() / sweep.name / "curves"),
+            "metric": sweep.early_stop.metric, "min_steps": sweep.early_stop.min_steps}
     for key, value in params.items():
         key = current_path(key)  # a deprecated spelling, said once
         node = raw
@@ -115,8 +129,9 @@ def trial_id(index: int) -> str:
 
 
 def rank(results: list[dict], metric: str, mode: str) -> list[dict]:
-    """Finished trials best first (ties keep trial order), then failed ones."""
+    """Finished trials best first (ties keep trial order), then those stopped early, then failed ones."""
     done = [r for r in results if r.get("status") == "finished" and r.get(metric) is not None]
-    failed = [r for r in results if r not in done]
+    stopped = [r for r in results if r.get("status") == "stopped"]
+    failed = [r for r in results if r not in done and r not in stopped]
     done.sort(key=lambda r: -r[metric] if mode == "max" else r[metric])
-    return [{**r, "rank": i + 1} for i, r in enumerate(done)] + [{**r, "rank": None} for r in failed]
+    return [{**r, "rank": i + 1} for i, r in enumerate(done)] + [{**r, "rank": None} for r in stopped + failed]

@@ -12,7 +12,10 @@ from hindsight.fsutil import atomic_write_bytes
 
 def ranking_table(rows: list[dict], keys: list[str], metric: str) -> str:
     cols = ["rank", "trial", *keys, metric, "reward/mean", "version", "status"]
-    return text_table(cols, [[r.get(c) for c in cols] for r in rows], max_width=80)
+    table = text_table(cols, [[r.get(c) for c in cols] for r in rows], max_width=80)
+    notes = [f"{r['trial']} {r['status']}: {r.get('why') or r.get('error')}" for r in rows
+             if r.get("status") in ("stopped", "failed")]
+    return "\n".join([table, *notes])
 
 
 def sweep_plots(out_dir: Path, rows: list[dict]) -> list[Path]:

@@ -20,7 +20,7 @@ CHANGES = {
     "negative_ft": ("negative_ft.lr", 0.5), "model": ("model.dtype", "bfloat16"), "data": ("data.split", "other"),
     "eval": ("eval.limit", 7), "seed": ("seed", 3), "name": ("name", "other"), "run_dir": ("run_dir", "elsewhere"),
     "tracking": ("tracking.experiment", "other"), "retries": ("retries.count", 4),
-    "resources": ("resources.accelerate_config", "x.yaml"),
+    "resources": ("resources.accelerate_config", "x.yaml"), "lookback": ("lookback.traces_per_step", 3),
 }
 
 
