@@ -49,10 +49,46 @@ def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
     assert {"multiturn/turns", "multiturn/tool_calls", "multiturn/tool_error_rate",
             "multiturn/retokenize_mismatches"} <= metrics.keys()
     assert metrics["multiturn/tool_calls"] > 0
-    _traces_hold_the_stored_trajectories(env["MLFLOW_TRACKING_URI"], policy.run_id, tmp_path / "runs/demo-tools/rl")
+    traced = _traces_hold_the_stored_trajectories(env["MLFLOW_TRACKING_URI"], policy.run_id,
+                                                  tmp_path / "runs/demo-tools/rl")
+    _the_traces_tab_shows_them(tmp_path, policy.run_id, traced)
 
 
-def _traces_hold_the_stored_trajectories(uri: str, run_id: str, rl_dir: Path) -> None:
+def _the_traces_tab_shows_them(tmp_path: Path, run_id: str, trace) -> None:
+    """The MLflow UI, in headless Chromium, on the run's Traces tab: the run's traces are listed
+    (their prompts), and a trace opened from the list shows its turn and tool spans by name."""
+    import html as html_lib
+    import re
+
+    from tests.conftest import _free_port, served
+    from tests.lookback.test_report import chromium
+
+    exe, port = chromium(), _free_port()
+    url = f"http://127.0.0.1:{port}"
+    exp = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id).info.experiment_id
+    (tmp_path / "ui").mkdir()
+
+    def page(link: str, png: Path) -> str:
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=30000", "--window-size=1800,1000"]
+        subprocess.run([exe, *flags, f"--screenshot={png}", link], capture_output=True, timeout=180)
+        dom = subprocess.run([exe, *flags, "--dump-dom", link], capture_output=True, text=True, timeout=180).stdout
+        return re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<style.*?</style>", " ", dom,
+                                                                                      flags=re.S))))
+
+    with served([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                 "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db", "--workers", "1"], f"{url}/health",
+                tmp_path / "ui"):
+        tab = f"{url}/#/experiments/{exp}/runs/{run_id}/traces"
+        listed = page(tab, tmp_path / "traces-tab.png")
+        assert "16 of 16" in listed and trace.data.spans[0].inputs["prompt"][:40].split("\n")[0] in listed, listed[:3000]
+        opened = page(f"{tab}?selectedEvaluationId={trace.info.trace_id}", tmp_path / "trace-open.png")
+        names = {s.name for s in trace.data.spans}
+        assert names and all(name in opened for name in names), (names, opened[:3000])
+    assert (tmp_path / "traces-tab.png").read_bytes()[:4] == b"\x89PNG"
+    print(f"screenshots: {tmp_path / 'traces-tab.png'} {tmp_path / 'trace-open.png'}")
+
+
+def _traces_hold_the_stored_trajectories(uri: str, run_id: str, rl_dir: Path):
     """Every stored trajectory (2 steps x 4, under the default 8 a step) and every eval answer (4 at
     step 0 and 4 at the end) is a trace of the run, found by run id: a span per model turn and
     per tool call, in the trajectory's order, and the stored scores as feedback."""
@@ -87,6 +123,7 @@ def _traces_hold_the_stored_trajectories(uri: str, run_id: str, rl_dir: Path) ->
             calls = [c for turn in json.loads(r["turns"]) for c in turn.get("calls", [])]
             for span, call in zip([s for s in t.data.spans if s.span_type == "TOOL"], calls):
                 assert span.inputs["arguments"] == call["arguments"] and span.outputs["result"] == call["result"]
+    return max(train.values(), key=lambda t: len(t.data.spans))  # one with a tool call, if any
 
 
 def test_the_guess_demo_plays_its_game_over_several_turns(tmp_path):
