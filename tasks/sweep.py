@@ -38,8 +38,9 @@ def trial_task(cfg: PipelineConfig, trial: str, params: dict, parent_run_id: str
     if proc.returncode != 0:
         lines = log_file.read_text(errors="replace").splitlines()
         why = next((ln for ln in reversed(lines) if ln.startswith(("error:", "stopped:"))), lines[-1] if lines else "")
-        if proc.returncode == 3 and why.startswith("stopped: early stop"):  # the sweep's rule, not a failure
-            return {"trial": trial, **params, "status": "stopped", "why": why.removeprefix("stopped: ").split(". ")[0],
+        early = why.partition("early stop at step")
+        if proc.returncode == 3 and early[1]:  # the sweep's own rule (lookback.early_stop), not a failure
+            return {"trial": trial, **params, "status": "stopped", "why": (early[1] + early[2]).split(". ")[0],
                     metric: None, "run_dir": str(cfg.root)}
         raise StageError(f"trial {trial} exited {proc.returncode}: {why} (log: {log_file})")
     result = json.loads(result_file.read_text())
