@@ -34,8 +34,8 @@ def demo_run(steps: int) -> Path:
     sets = [f"tracking.tracking_uri=sqlite:///{work}/mlflow.db", f"data.dir={work}/data", "data.dvc_file=null",
             "reward_model.enabled=false", f"rl.steps={steps}", "rl.eval_every=2", "eval.compare_versions=0"]
     cfg = load_config(ROOT / "configs/demo.yaml", sets)
-    init = str(sft_flow(cfg).model_dir)
-    rl_flow(load_config(ROOT / "configs/demo.yaml", [*sets, f"rl.init={init}"]), force=True)
+    sft_flow(cfg)  # the RL stage starts from NAME-sft@latest in the registry
+    rl_flow(cfg, force=True)
     return cfg.root
 
 

@@ -43,12 +43,12 @@ def main() -> None:
     base = [f"tracking.tracking_uri={uri}", f"data.dir={work}/data", "data.dvc_file=null", "reward_model.enabled=false",
             f"rl.steps={a.steps}", "eval.compare_versions=0"]
     cfg = load_config(ROOT / "configs/demo.yaml", base)
-    init = str(sft_flow(cfg).model_dir)
+    sft_flow(cfg)  # the RL stage starts from NAME-sft@latest in the registry
     client, runs = MlflowClient(uri), {"none": [], "traces": []}
     default = cfg.lookback.traces_per_step
     for r in range(a.rounds):
         for name, budget in (("none", 0), ("traces", default)):
-            run = load_config(ROOT / "configs/demo.yaml", [*base, f"rl.init={init}", f"run_dir={work}/rl-{name}-{r}",
+            run = load_config(ROOT / "configs/demo.yaml", [*base, f"run_dir={work}/rl-{name}-{r}",
                                                            f"lookback.traces_per_step={budget}"])
             result = rl_flow(run, force=True)
             mlflow.set_tracking_uri(uri)
