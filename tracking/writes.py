@@ -175,7 +175,7 @@ def _apply(c: MlflowClient, op: dict):
     elif kind == "terminate":
         c.set_terminated(run_id, status=op["status"])
     elif kind == "traces":
-        from tracking.traces import send_records
+        from tracking.trace_send import send_records
 
         send_records(c.tracking_uri, run_id, op["records"], c.get_run(run_id).info.experiment_id)
 

@@ -55,7 +55,7 @@ def test_secret_values_from_the_environment_never_reach_a_trace():
 
 
 def test_a_record_becomes_an_mlflow_trace_linked_to_its_run():
-    from tracking.traces import to_trace
+    from tracking.trace_send import to_trace
 
     rows, scores = _rows()
     rec = step_records(rows, scores, {0: 0.5}, 1, "run1", lambda g: 7, budget=1)[0]
