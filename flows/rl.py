@@ -189,13 +189,12 @@ def _watch(cfg: PipelineConfig, key: str, run_id: str, done: int, metrics: dict)
 
     A `stop` alert first writes a checkpoint at this step, so rerunning the command resumes here.
     """
-    from hindsight.rollout.worker import group_seed
     from tasks.rl import get_run, report_task
 
     run = get_run(key)
     tracking.log_metrics(cfg, run_id, metrics, done)
     if done and "reward/mean" in metrics:  # the step's trajectories, read back from the store by the writer
-        tracking.log_step_traces(cfg, run_id, run.dir, done, lambda group: group_seed(cfg.seed, done - 1, group))
+        tracking.log_step_traces(cfg, run_id, run.dir, done)
     alerts = run.observe(done, metrics)
     for alert in alerts:
         say(f"ALERT {alert.message}")

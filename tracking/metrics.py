@@ -10,6 +10,7 @@ from mlflow.entities import Metric
 
 from hindsight.config import PipelineConfig
 from tracking.spool import OUTAGE, Spool, unreachable
+from tracking.trace_writer import PROCESS
 from tracking.store import client, tracking_uri
 from tracking.writes import write
 
@@ -117,6 +118,7 @@ def flush_metrics() -> None:
             Spool(cfg.root).add("metrics", uri, run_id, metrics=rows)
     while _OTHER:
         _report(_OTHER.pop(0))
+    PROCESS.flush()  # the trace writer's jobs, sent before this
 
 
 def _metric_key(key: str) -> str:

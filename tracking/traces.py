@@ -1,9 +1,10 @@
 """Trajectories as MLflow traces, linked to the stage's run: its page's Traces tab shows them.
 
-The records come from `hindsight.lookback.traces` (plain JSON). Here they become MLflow
-`Trace`s and are written by the metrics writer thread, never on the step's path: a step hands
-over the folder and step number, and the thread reads the stored shards, builds the records
-and writes them in one batch (one `start_trace` per trace and one `log_spans` for the batch).
+The records come from `hindsight.lookback.traces` (plain JSON). A step hands the trace writer
+(`tracking.trace_writer`, a process of its own) the step number and where its shards are, and
+goes on; the writer reads the shards, builds the records and writes them in one batch (one
+`start_trace` per trace and one `log_spans` for the batch, `tracking.trace_send`). Without that
+process, the same work runs on the tracking writer thread (`write_records`).
 
 Writes go through MLflow's tracing client directly, not its exporter: the exporter logs a
 failed write and drops it, and hindsight spools every write the server did not take. A batch
@@ -16,41 +17,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from hindsight.config import PipelineConfig
-from hindsight.lookback.traces import eval_records, redact, secret_values, step_records
+from hindsight.lookback.traces import redact, secret_values
 from tracking.metrics import submit_write
 from tracking.spool import OUTAGE, Spool, unreachable
 from tracking.trace_send import send_records
+from tracking.trace_writer import PROCESS, records_of
 from tracking.store import client, tracking_uri
 
 _EXPERIMENT: dict[tuple[str, str], str] = {}  # (uri, run id) -> its experiment
 
 
-def log_step_traces(cfg: PipelineConfig, run_id: str, rl_dir: Path, step: int, seed_of) -> None:
-    """Queue the traces of RL step `step` (1-based): read from the store on the writer thread."""
-    budget = cfg.lookback.traces_per_step
-    if budget <= 0:
-        return
-
-    def records() -> list[dict]:
-        from hindsight.state.store import RolloutStore
-
-        store, shard = RolloutStore(rl_dir), step - 1
-        if not (store.has("rollouts", shard) and store.has("scores", shard)):
-            return []
-        adv = ({a["index"]: a["advantage"] for a in store.read("advantages", shard)}
-               if store.has("advantages", shard) else {})
-        report = f"reports/step-{step:06d}.html (or: hindsight report {run_id} --step {step})"
-        return step_records(store.read("rollouts", shard), store.read("scores", shard), adv, step, run_id, seed_of,
-                            budget, report)
-
-    submit_write(lambda: write_records(cfg, run_id, records()))
+def log_step_traces(cfg: PipelineConfig, run_id: str, rl_dir: Path, step: int) -> None:
+    """Queue the traces of RL step `step` (1-based), read from the store by the trace writer."""
+    if cfg.lookback.traces_per_step > 0:
+        _queue(cfg, run_id, {"kind": "step", "rl_dir": str(rl_dir), "step": step, "seed": cfg.seed,
+                             "budget": cfg.lookback.traces_per_step})
 
 
 def log_eval_traces(cfg: PipelineConfig, run_id: str, answers: list[dict], step: int) -> None:
     """Queue the traces of evaluation's greedy answers at `step`."""
-    if cfg.lookback.eval_traces <= 0 or not answers:
-        return
-    submit_write(lambda: write_records(cfg, run_id, eval_records(answers, step, run_id, cfg.lookback.eval_traces)))
+    if cfg.lookback.eval_traces > 0 and answers:
+        _queue(cfg, run_id, {"kind": "eval", "answers": answers, "step": step, "budget": cfg.lookback.eval_traces})
+
+
+def _queue(cfg: PipelineConfig, run_id: str, job: dict) -> None:
+    """To the trace writer's process; on the tracking writer thread when it has none."""
+    job = {**job, "uri": tracking_uri(cfg), "root": str(cfg.root), "run_id": run_id}
+    if not PROCESS.send(job):
+        submit_write(lambda: write_records(cfg, run_id, records_of(job)))
 
 
 def write_records(cfg: PipelineConfig, run_id: str, records: list[dict]) -> int:

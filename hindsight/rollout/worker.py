@@ -18,6 +18,7 @@ from hindsight.data.chat import is_conversation, prompt_text
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.logprobs import budgeted_logprobs
+from hindsight.rollout.seeds import group_seed  # noqa: F401 (also imported from here)
 from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.engines import EngineContext, get_engine
 from hindsight.state.store import RolloutStore
@@ -77,10 +78,6 @@ def _group_of(exp: Experience, i: int, size: int) -> Experience:
 
 class StaleWeights(RuntimeError):
     """A worker serves nothing until it holds the weights version it is asked to sample with."""
-
-
-def group_seed(seed: int, step: int, group: int) -> int:
-    return (seed * 1_000_003 + step) * 100_003 + group
 
 
 class RolloutWorker:
