@@ -2,7 +2,7 @@
 its SFT model as init) with `lookback.traces_per_step` at its default and at 0, in alternating
 rounds in one process, each timed by the gaps between its steps' metric timestamps.
 
-    python bench/traces.py [--rounds 3] [--steps 20]     # about 3 minutes here
+    python bench/traces.py [--rounds 3] [--steps 20]     # about 4 minutes here
 
 Prints each run's median step time, the traces written, and `ratio step_time traces/none`. Both
 arms keep the evaluations' traces (every 10 steps; the median step leaves those steps out).

@@ -2,10 +2,13 @@
 
 Writing a trace is Python work in MLflow's SQL store (~4.5 ms of CPU a trace and ~15 ms a step's
 `log_spans`); on a thread of the training process it held the interpreter the decode loop needs
-(the demo's step took 1.49x as long with 8 traces a step). So a child process does it:
+(the demo's step took 1.49x as long with 8 traces a step). A child process at the step's priority
+was no better on 2 cores (1.57x): its CPU stalled the step's intra-op threads. So a child process
+at the lowest priority does it, in the step's gaps (bench/traces.py: 1.00x):
 
-- the stage sends it one JSON line per job (`step`: a step number and where its shards are;
-  `eval`: an evaluation's answers) on its stdin, and goes on;
+- the stage queues one JSON line per job (`step`: a step number and where its shards are; `eval`:
+  an evaluation's answers) and goes on; a feeder thread writes it to the child's stdin, so a full
+  pipe never blocks a step;
 - the child reads the shards, builds the records (`hindsight.lookback.traces`) and sends them
   (`tracking.trace_send`), in order;
 - a batch that meets an MLflow outage comes back to the stage as a `spool` line, and the stage
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -35,20 +39,22 @@ class TraceProcess:
         self.done = threading.Condition()
         self.sent = self.acked = 0
         self.broken = False
+        self.jobs: queue.Queue[dict] = queue.Queue()
 
     def send(self, job: dict) -> bool:
-        """Hand a job to the child (started on first use); False when there is no child to take it."""
+        """Hand a job to the child (started on first use); False when there is no child to take it.
+        The pipe is fed by a thread of its own, so a step never blocks on a full pipe while a
+        low-priority child catches up."""
         with self.lock:
             if self.broken:
                 return False
-            try:
-                if self.proc is None:
+            if self.proc is None:
+                try:
                     self._start()
-                self.proc.stdin.write(json.dumps(job) + "\n")
-                self.proc.stdin.flush()
-            except (OSError, ValueError) as exc:
-                self._lost(exc)
-                return False
+                except OSError as exc:
+                    self._lost(exc)
+                    return False
+            self.jobs.put(job)
             return True
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> None:
@@ -58,16 +64,22 @@ class TraceProcess:
                 return
             self.sent += 1
             mark = self.sent
-            try:
-                self.proc.stdin.write(json.dumps({"kind": "flush", "id": mark}) + "\n")
-                self.proc.stdin.flush()
-            except (OSError, ValueError) as exc:
-                self._lost(exc)
-                return
+            self.jobs.put({"kind": "flush", "id": mark})
         with self.done:
             if not self.done.wait_for(lambda: self.acked >= mark or self.broken, timeout):
                 log.warning("the trace writer did not finish within %.0f s; its remaining traces are not written",
                             timeout)
+
+    def _feed(self, proc: subprocess.Popen) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                proc.stdin.write(json.dumps(job) + "\n")
+                proc.stdin.flush()
+            except (OSError, ValueError) as exc:
+                with self.lock:
+                    self._lost(exc)
+                return
 
     def _start(self) -> None:
         here = str(Path(__file__).resolve().parents[1])  # where `tracking` and `hindsight` import from
@@ -75,6 +87,7 @@ class TraceProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "tracking.trace_writer"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True, name="hindsight-traces-reader").start()
+        threading.Thread(target=self._feed, args=(self.proc,), daemon=True, name="hindsight-traces-feeder").start()
 
     def _read(self, proc: subprocess.Popen) -> None:
         from tracking.spool import OUTAGE, Spool
@@ -121,6 +134,20 @@ def records_of(job: dict) -> list[dict]:
                         lambda g: group_seed(job["seed"], shard, g), job["budget"], report)
 
 
+def _yield_the_cores() -> None:
+    """The lowest CPU priority, and one thread for Arrow's reads: on a machine whose cores the step's
+    intra-op threads fill, the writer then runs in the step's gaps (its Python between kernels, the
+    decode loop's sampling) instead of stalling a parallel region that waits for its slowest thread."""
+    try:
+        os.nice(19)
+    except OSError:  # a platform without nice: the writer still works, at the step's priority
+        pass
+    import pyarrow
+
+    pyarrow.set_cpu_count(1)
+    pyarrow.set_io_thread_count(1)
+
+
 def main() -> None:
     """The child: jobs in on stdin, `flushed` and `spool` lines out on stdout, warnings on stderr."""
     from mlflow.tracking import MlflowClient
@@ -129,6 +156,7 @@ def main() -> None:
     from tracking.spool import unreachable
     from tracking.trace_send import send_records
 
+    _yield_the_cores()
     experiments: dict[tuple[str, str], str] = {}
     secrets = secret_values()
     for line in sys.stdin:
