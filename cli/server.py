@@ -87,8 +87,12 @@ def start(port: int | None = None, wait_s: float = 90.0) -> tuple[dict, bool]:
             raise ServerError(f"no free port in {DEFAULT_PORT}..{DEFAULT_PORT + 49} for the Prefect server; "
                               f"pass --port, or set PREFECT_API_URL to a server you run")
         url, log = f"http://127.0.0.1:{port}/api", home() / "hindsight-server.log"
-        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home())}
-        env.pop("PREFECT_API_URL", None)
+        # the UI asks its server's `ui-settings` where the API is: without these it says the default
+        # port, so on any other port every page (and every printed link) showed another server's runs
+        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home()),
+               "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port), "PREFECT_UI_API_URL": url}
+        for stale in ("PREFECT_API_URL", "PREFECT_UI_URL"):
+            env.pop(stale, None)
         with open(log, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                      "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -142,4 +146,5 @@ def ensure_api(echo) -> str:
         echo(f"started a local Prefect server at {info['url']} (pid {info['pid']}, log {info['log']}); "
              f"later commands reuse it, `hindsight server stop` stops it")
     os.environ["PREFECT_API_URL"] = info["url"]
+    os.environ["PREFECT_UI_URL"] = info["url"].removesuffix("/api")  # the "View at" links: this server's UI
     return info["url"]
