@@ -12,6 +12,7 @@ from prefect import task
 from prefect.runtime import task_run
 
 from hindsight.config import PipelineConfig
+from hindsight.cpus import set_stage_threads
 from hindsight.faults import crash_point
 from hindsight.stage import StageContext, StageResult, StageSpec, model_name
 import tracking
@@ -24,6 +25,7 @@ log = logging.getLogger("hindsight")
 def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str, cache_key: str,
                parent_run_id: str | None) -> StageResult:
     t0 = time.perf_counter()
+    set_stage_threads(cfg.resources.threads)  # before any model: a pod's CPU limit, not the node's cores
     attempt = task_run.run_count or 1  # each attempt is its own MLflow run
     name = model_name(cfg, spec.registers)  # tagged on the run: the one model a replayed spool may register for it
     with tracking.stage_run(cfg, spec.name, parent_run_id, attempt,
@@ -35,6 +37,8 @@ def stage_task(spec: StageSpec, cfg: PipelineConfig, inputs: dict, data_md5: str
 
         require_healthy(out.model_dir, spec.name, cfg.model.max_weight_abs)  # nor one that diverged to 1e30
         version = tracking.register(cfg, run_id, out.model_dir, name, tags=out.tags)
+        if version != tracking.SPOOLED:
+            tracking.name_registered(cfg, run_id, spec.name, name, version)
         try:
             crash_point("registered", 0)
             if out.then is not None and version != tracking.SPOOLED:  # `then` reads the registry

@@ -50,14 +50,17 @@ def client_for(uri: str | None) -> MlflowClient:
 
 
 def find_run(c: MlflowClient, ref: str):
-    """A run by id, or by name (the newest run with that name) across experiments."""
+    """A run by id, or by name (the newest run with that name), or by stage (the newest run of
+    that stage: `rl`), across experiments."""
     try:
         return c.get_run(ref)
     except MlflowException:
         pass
     exps = [e.experiment_id for e in c.search_experiments()]
-    runs = c.search_runs(exps, filter_string=f"attributes.run_name = '{ref}'", order_by=["attributes.start_time DESC"],
-                         max_results=1) if exps else []
+    runs = []
+    for where in (f"attributes.run_name = '{ref}'", f"tags.`hindsight.stage` = '{ref}'") if "'" not in ref else ():
+        runs = runs or (c.search_runs(exps, filter_string=where, order_by=["attributes.start_time DESC"],
+                                      max_results=1) if exps else [])
     if not runs:
         raise ConfigError(f"run {ref!r} not found in the MLflow store at {c.tracking_uri}")
     return runs[0]

@@ -22,13 +22,16 @@ from tracking.store import client, experiment_id
 from tracking.writes import write
 
 
-def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, tags: dict | None = None) -> str:
+def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, tags: dict | None = None,
+              run_name: str | None = None) -> str:
     c = client(cfg)
     # the run directory that owns it: `hindsight sync` replays a spooled write only to runs it started
     all_tags = {"hindsight.stage": name, "hindsight.run_dir": str(cfg.root.resolve()), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = c.create_run(experiment_id(c, cfg), run_name=name, tags=all_tags)
+    # "rl · myproj": a table of many projects' runs reads at a glance (the stage is also a tag)
+    run = c.create_run(experiment_id(c, cfg), run_name=run_name or display_name(name, cfg.name),
+                       tags=all_tags)
     if not _ACTIVE:  # registered with the first run, not at import
         atexit.register(_end_leftover_runs)
     _ACTIVE[run.info.run_id] = cfg
@@ -36,6 +39,17 @@ def start_run(cfg: PipelineConfig, name: str, parent_run_id: str | None = None, 
     return run.info.run_id
 
 
+
+
+def display_name(stage: str, project: str, model: str | None = None, version: str | None = None) -> str:
+    """A run's name in MLflow: the stage and the config's name, and once registered what it made."""
+    name = f"{stage} · {project}"
+    return f"{name} → {model} v{version}" if model and version else name
+
+
+def name_registered(cfg: PipelineConfig, run_id: str, stage: str, model: str, version: str) -> None:
+    """Rename a stage's run after its model is registered: `rl · myproj → myproj-policy v3`."""
+    set_tags(cfg, run_id, {"mlflow.runName": display_name(stage, cfg.name, model, version)})
 
 
 def _record_open(cfg: PipelineConfig, run_id: str, is_open: bool) -> None:
@@ -172,4 +186,4 @@ def sweep_parent_run(cfg: PipelineConfig, name: str, key: str) -> str:
     if found:
         c.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
-    return start_run(cfg, f"sweep-{name}", tags={"hindsight.sweep_key": key, "hindsight.sweep": name})
+    return start_run(cfg, "sweep", tags={"hindsight.sweep_key": key, "hindsight.sweep": name}, run_name=f"sweep-{name}")

@@ -84,7 +84,9 @@ class TraceProcess:
     def _start(self) -> None:
         here = str(Path(__file__).resolve().parents[1])  # where `tracking` and `hindsight` import from
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tracking.trace_writer"], stdin=subprocess.PIPE,
+        # `-c`, not `-m`: `tracking` imports this module, and runpy warns when `-m` runs one already imported
+        entry = "from tracking.trace_writer import main; main()"
+        self.proc = subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True, name="hindsight-traces-reader").start()
         threading.Thread(target=self._feed, args=(self.proc,), daemon=True, name="hindsight-traces-feeder").start()

@@ -27,6 +27,8 @@ class ResourcesConfig(Strict):
                                                     "the RL stage's processes are rl.learner.processes")
     accelerate_config: str | None = Field(None, description="accelerate config file, e.g. configs/accelerate/fsdp.yaml; "
                                                             "default: DDP")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads of a stage's process; default: the "
+                                                        "CPUs it may use (affinity mask, cgroup CPU quota)")
 
 
 class RetryConfig(Strict):

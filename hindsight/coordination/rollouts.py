@@ -9,7 +9,6 @@ weights versions (c-k .. c-1) are not kept, so a resume must find them stored.
 """
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -56,7 +55,7 @@ class Rollouts:
             return
         sampler_threads = torch.get_num_threads()
         if not torch.cuda.is_available():  # the two processes run at once: they split the cores
-            sampler_threads, learner_threads = split_threads(os.cpu_count() or 1)
+            sampler_threads, learner_threads = split_threads(torch.get_num_threads())  # the stage's share
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(learner_threads)
         rm = rm_path if rm_path and self.rl.scoring.reward_model_weight > 0 else None

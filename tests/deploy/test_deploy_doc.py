@@ -60,7 +60,8 @@ def test_the_local_pool_section_runs_as_written(tmp_path):
     assert not (repo / "params.json").exists() and (work / "params.json").exists()  # nothing written into the repo
     client = MlflowClient(f"sqlite:///{work}/mlflow.db")
     assert client.get_model_version_by_alias("smoke-policy", "latest").run_id  # where the docs say the runs go
-    names = {r.info.run_name for r in client.search_runs([client.get_experiment_by_name("hindsight").experiment_id])}
+    runs = client.search_runs([client.get_experiment_by_name("hindsight").experiment_id])
+    names = {r.data.tags["hindsight.stage"] for r in runs}
     assert {"pipeline", "sft", "reward-model", "rl"} <= names
     assert "submitting flow run" in (tmp_path / "worker.log").read_text()  # the worker picked it up
     assert (work / "runs/smoke/rl/reports/step-000004.html").exists()  # the flow ran in HINDSIGHT_WORKDIR

@@ -141,7 +141,7 @@ def test_worker_killed_mid_rl_then_the_flow_run_is_retried_and_resumes(ws, prefe
     assert state.type.value == "COMPLETED", log.read_text()[-4000:]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("hindsight")
-    rl_runs = client.search_runs([exp.experiment_id], "attributes.run_name = 'rl' and attributes.status = 'FINISHED'",
+    rl_runs = client.search_runs([exp.experiment_id], "tags.`hindsight.stage` = 'rl' and attributes.status = 'FINISHED'",
                                  order_by=["attributes.start_time DESC"])
     resumed = int(rl_runs[0].data.tags["hindsight.resumed_from_step"])
     assert resumed >= killed_at  # the RL stage resumed from what the killed run stored

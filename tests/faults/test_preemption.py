@@ -92,7 +92,7 @@ def test_sigterm_checkpoints_the_step_in_flight_and_the_rerun_ends_allclose(work
     assert manifest["step"] == done  # a checkpoint of the step it was in, off the save_every schedule
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("hindsight").experiment_id],
-                              filter_string="attributes.run_name = 'rl'", order_by=["attributes.start_time DESC"])
+                              filter_string="tags.`hindsight.stage` = 'rl'", order_by=["attributes.start_time DESC"])
     assert runs[0].info.status == "KILLED"
 
     rerun = _start(work, env, "term")

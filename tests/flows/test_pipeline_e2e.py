@@ -1,5 +1,6 @@
 """The whole chain on the smoke config, through the real CLI, Prefect and an MLflow sqlite store."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,14 @@ def test_pipeline_logs_nested_runs_and_metrics(smoke_run):
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("hindsight")
     runs = client.search_runs([exp.experiment_id])
-    by_name = {r.info.run_name: r for r in runs}
+    by_name = {r.data.tags["hindsight.stage"]: r for r in runs}
     parent = by_name["pipeline"]
+    project = by_name["rl"].data.params["name"]
+    assert parent.info.run_name == f"pipeline · {project}"
     for stage in ("sft", "reward-model", "rl"):
         run = by_name[stage]
+        # told apart in MLflow's table: the stage, the config's name and the version it registered
+        assert re.fullmatch(rf"{stage} · {project} → {project}-\S+ v\d+", run.info.run_name), run.info.run_name
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.data.tags["data.md5"].endswith(".dir")
         assert run.data.tags["version.trl"] and run.data.tags["git.commit"]

@@ -34,7 +34,7 @@ def test_a_run_failing_after_registering_leaves_latest_on_the_version_before(tin
     assert [str(v.version) for v in versions] == ["1"]  # v2 was registered, then withdrawn
     assert str(client.get_model_version_by_alias("safe-policy", "latest").version) == "1"
     runs = client.search_runs([client.get_experiment_by_name("hindsight").experiment_id],
-                              filter_string="attributes.run_name = 'rl'", order_by=["attributes.start_time DESC"])
+                              filter_string="tags.`hindsight.stage` = 'rl'", order_by=["attributes.start_time DESC"])
     assert runs[0].info.status == "FAILED"
 
 

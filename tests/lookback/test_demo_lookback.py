@@ -38,7 +38,7 @@ def demo(tmp_path_factory, prefect_api):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("hindsight")
-    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    runs = {r.data.tags["hindsight.stage"]: r for r in client.search_runs([exp.experiment_id])}
     return work, env, client, runs
 
 
@@ -104,7 +104,7 @@ def test_stop_alert_writes_a_checkpoint_and_the_run_resumes(demo):
     manifest = (work / "runs/stop/rl/checkpoints/manifest.json").read_text()
     assert '"step": 2' in manifest  # written by the stop, not by save_every (10)
     stopped = max(client.search_runs([client.get_experiment_by_name("hindsight").experiment_id],
-                                     "attributes.run_name = 'rl'"), key=lambda r: r.info.start_time)
+                                     "tags.`hindsight.stage` = 'rl'"), key=lambda r: r.info.start_time)
     assert stopped.info.status == "KILLED" and "kl_high" in stopped.data.tags["hindsight.stopped"]
     assert "hindsight.alert.kl_high" in stopped.data.tags
     assert [f.path for f in client.list_artifacts(stopped.info.run_id)].count("alerts.jsonl") == 1
@@ -112,7 +112,7 @@ def test_stop_alert_writes_a_checkpoint_and_the_run_resumes(demo):
 
     resumed = hindsight(["run", "rl", *base, "--set", "rl.alerts=[]"], work, env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    last = max(client.search_runs([stopped.info.experiment_id], "attributes.run_name = 'rl'"),
+    last = max(client.search_runs([stopped.info.experiment_id], "tags.`hindsight.stage` = 'rl'"),
                key=lambda r: r.info.start_time)
     assert last.data.tags["hindsight.resumed_from_step"] == "2" and last.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(last.info.run_id, "reward/mean")] == [3, 4]

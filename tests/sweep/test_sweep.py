@@ -52,7 +52,7 @@ def test_trials_are_nested_ranked_and_the_best_is_aliased(swept):
     exp = client.get_experiment_by_name("hindsight")
     parent = client.search_runs([exp.experiment_id], "attributes.run_name = 'sweep-sweep-test'")[0]
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert sorted(r.info.status for r in children if r.info.run_name == "rl") == ["FAILED"] + ["FINISHED"] * 2
+    assert sorted(r.info.status for r in children if r.data.tags.get("hindsight.stage") == "rl") == ["FAILED"] + ["FINISHED"] * 2
     assert {r.data.params["run_dir"] for r in children} == {f"runs/sweep-test/t0{i}" for i in range(3)}
     artifacts = {f.path for f in client.list_artifacts(parent.info.run_id, "sweep")}
     assert {"sweep/ranking.txt", "sweep/ranking.json", "sweep/curves.png", "sweep/accuracy.png"} <= artifacts
