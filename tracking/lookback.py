@@ -16,6 +16,7 @@ from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.lookback.rebuild import owns
 from hindsight.state.rundir import RunDir
 from hindsight.lookback.report import render_versions_report, text_table
+from hindsight.lookback.metrics import watch_order
 from hindsight.stage import model_name
 import tracking
 from hindsight.scoring.evaluate import eval_rows, judge_worker
@@ -84,7 +85,7 @@ def compare_runs(c: MlflowClient, ref_a: str, ref_b: str) -> str:
     a, b = find_run(c, ref_a), find_run(c, ref_b)
     names = [f"{r.info.run_name} {r.info.run_id[:8]}" for r in (a, b)]
     rows = []
-    for k in sorted(set(a.data.metrics) | set(b.data.metrics)):
+    for k in sorted(set(a.data.metrics) | set(b.data.metrics), key=watch_order):  # what one reads first, first
         va, vb = a.data.metrics.get(k), b.data.metrics.get(k)
         delta = f"{vb - va:+.4g}" if va is not None and vb is not None and math.isfinite(vb - va) else ""
         rows.append([k, va, vb, delta])

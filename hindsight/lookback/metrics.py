@@ -88,3 +88,17 @@ def trajectory_metrics(rows: list[dict]) -> dict[str, float]:
             "multiturn/cut_by_turns": sum(r["cut"] == "turns" for r in rows) / n,
             "multiturn/cut_by_tokens": sum(r["cut"] == "tokens" for r in rows) / n,
             "multiturn/retokenize_mismatches": float(sum(r["retokenize_mismatch"] for r in rows))}
+
+
+# What a practitioner reads first, in this order; everything else (bookkeeping: learn/, time/,
+# memory/, lr/, ...) follows alphabetically. `hindsight compare` lists metrics in this order.
+WATCH_FIRST = ("reward/mean", "eval/accuracy", "reward/", "eval/", "kl", "entropy", "response_length/",
+               "clip_fraction", "loss", "grad_norm", "approx_kl", "rollout/completion_rate")
+
+
+def watch_order(name: str) -> tuple[int, str]:
+    """A sort key: a metric's place in WATCH_FIRST (a name, or a prefix ending in /), then its name."""
+    for i, key in enumerate(WATCH_FIRST):
+        if name == key or (key.endswith("/") and name.startswith(key)):
+            return i, name
+    return len(WATCH_FIRST), name

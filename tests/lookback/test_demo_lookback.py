@@ -86,7 +86,11 @@ def test_compare_prints_final_metrics_and_config_differences(demo):
     lines = res.stdout.splitlines()
     acc = next(ln for ln in lines if ln.startswith("eval/accuracy"))
     assert len(acc.split()) == 4  # name, sft, rl, delta
-    assert any(ln.startswith("reward/mean") for ln in lines)
+    first = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0] in ("reward/mean", "eval/accuracy")]
+    assert first == ["reward/mean", "eval/accuracy"]  # what one reads first, before the bookkeeping
+    where = {ln.split()[0]: i for i, ln in enumerate(lines) if ln.split()}
+    assert where["eval/accuracy"] < where["kl"] < min(i for k, i in where.items() if k.startswith("time/"))
+    assert "sft · " in lines[0] and "rl · " in lines[0] and "→" in lines[0]  # columns headed by run name
     assert "config differences (0):" in res.stdout  # the same config: no key differs
     missing = hindsight(["compare", "rl", "no-such-run"], work, env)
     assert missing.returncode == 1 and "run 'no-such-run' not found" in missing.stderr

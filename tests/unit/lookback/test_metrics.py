@@ -58,3 +58,13 @@ def test_the_reward_band_stays_within_the_observed_rewards():
     assert steps == [1, 2] and mean == [0.1, 0.9]
     assert lower == pytest.approx([0.0, 0.6]) and upper == pytest.approx([0.4, 1.0])  # 0.1 - 0.3, 0.9 + 0.3: clipped
     assert reward_curve(history)[:4] == b"\x89PNG"
+
+
+def test_the_metrics_one_watches_come_first_and_bookkeeping_after():
+    from hindsight.lookback.metrics import watch_order
+
+    names = ["time/update_s", "learn/packing", "kl", "memory/cpu_peak_mb", "reward/std", "entropy", "eval/accuracy",
+             "reward/mean", "clip_fraction", "response_length/mean", "loss", "eval/accuracy_before", "grad_norm", "lr"]
+    assert sorted(names, key=watch_order) == [
+        "reward/mean", "eval/accuracy", "reward/std", "eval/accuracy_before", "kl", "entropy", "response_length/mean",
+        "clip_fraction", "loss", "grad_norm", "learn/packing", "lr", "memory/cpu_peak_mb", "time/update_s"]
