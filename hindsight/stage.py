@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 from hindsight.config import PipelineConfig
 from hindsight.data.rows import load_rows
-from hindsight.errors import ConfigError
+from hindsight.errors import ConfigError, RewardError
 from hindsight.fsutil import file_sha256
+from hindsight.scoring.reward_fns import missing_columns
 from hindsight.scoring.rewards import check_reward, reward_source_hash
 
 
@@ -83,12 +84,32 @@ class StageResult:
 
 def preflight(spec: StageSpec, cfg: PipelineConfig) -> None:
     """Everything the stage declares it reads, checked in a second, before any model loads."""
-    for name in spec.data:
-        load_rows(**cfg.data.reading(name, limit=cfg.eval.limit if name == "eval" else None))
+    rows = {name: load_rows(**cfg.data.reading(name, limit=cfg.eval.limit if name == "eval" else None))
+            for name in spec.data}
     for reward in spec.rewards(cfg):
-        check_reward(getattr(reward, "fn", reward), getattr(reward, "args", None))
+        fn = check_reward(getattr(reward, "fn", reward), getattr(reward, "args", None))
+        # a training reward (rl.scoring.rewards, with .fn) scores the prompts; a plain string is eval.reward
+        file = "prompts" if hasattr(reward, "fn") else "eval"
+        if rows.get(file):
+            check_reward_columns(cfg, file, rows[file], getattr(reward, "fn", reward), fn, getattr(reward, "args", None))
     if spec.checks:
         spec.checks(cfg)
+
+
+def check_reward_columns(cfg: PipelineConfig, file: str, rows: list[dict], spec: str, fn, args: dict | None) -> None:
+    """A reward that requires a parameter no call passes (TRL passes the data's columns by name)
+    would fail on every completion, found at the first step's scoring: one error now instead,
+    with the columns the file has and the `data.columns` rename that fixes it."""
+    columns = {k for r in rows for k in r} - {"prompt"}
+    missing = missing_columns(fn, columns, args)
+    if missing:
+        have = ", ".join(sorted(columns)) or "none besides the prompt"
+        source = next(iter(columns)) if len(columns) == 1 else "COLUMN"
+        rename = ", ".join(f"{source}: {m}" for m in missing)
+        raise RewardError(f"reward {spec!r} requires {', '.join(map(repr, missing))}, which is not a column of "
+                          f"data.{file} ({getattr(cfg.data, file)}: it has {have}) nor one of the reward's args; "
+                          f"rename a column to it with data.columns (e.g. {{{rename}}}), or give the parameter a "
+                          f"default")
 
 
 def check_models(paths: dict) -> None:

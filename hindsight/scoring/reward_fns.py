@@ -113,6 +113,25 @@ def _check_signature(spec: str, fn) -> None:
                           f"(fn(prompts=, completions=, completion_ids=, **columns))")
 
 
+# what every reward call gets besides the dataset's columns and its own `args` (rewards.py, the
+# scorer, evaluate.py): TRL's keywords, the run's context, and a multi-turn environment's reward
+PASSED = frozenset({"prompts", "completions", "completion_ids", "run_context", "env_reward"})
+
+
+def missing_columns(fn, columns: set[str], args: dict | None) -> list[str]:
+    """The parameters a reward requires (no default) that no call would pass: not TRL's keywords,
+    not a column of the data, not one of its `args`. Such a reward fails on every completion."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    given = PASSED | columns | set(args or {})
+    return [p.name for p in params if p.default is p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name not in given]
+
+
 def plain_result(raw):
     """A reward's return as plain Python (a numpy array or tensor as its list), else unchanged:
     what the worker process sends back, and what the inline path validates, are the same."""

@@ -262,6 +262,14 @@ def _(ws, tmp):
     return Case(rl_args(write_config(tmp, cfg)))
 
 
+@case("reward-missing-column")
+def _(ws, tmp):
+    # TRL passes the data's columns by name: `answers` would be missing at every call
+    (tmp / "col_reward.py").write_text("def score(completions, answers, **kw):\n    return [0.0] * len(completions)\n")
+    cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "col_reward:score"}]})
+    return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, starts_no_run=True)
+
+
 @case("reward-wrong-length")
 def _(ws, tmp):
     (tmp / "short_reward.py").write_text("def short(completions, **kw):\n    return [1.0]\n")
@@ -677,9 +685,10 @@ def _(ws, tmp):
 @case("reward-fails-everywhere")
 def _(ws, tmp):
     """The reported failure: the reward's column was renamed away, every call raised, and the
-    run still registered a policy."""
-    (tmp / "needs_column.py").write_text("def needs_solution(completions, solution, **kw):\n"
-                                         "    return [float(c == s) for c, s in zip(completions, solution)]\n")
+    run still registered a policy. A named parameter is caught at preflight (reward-missing-column);
+    one read from **kw only shows when the reward runs."""
+    (tmp / "needs_column.py").write_text("def needs_solution(completions, **kw):\n"
+                                         "    return [float(c == s) for c, s in zip(completions, kw['solution'])]\n")
     cfg = base_config(ws, tmp / "run", scoring={"rewards": [{"fn": "needs_column:needs_solution"}]})
     return Case(rl_args(write_config(tmp, cfg)), {"PYTHONPATH": str(tmp)}, keeps_state=True)
 
