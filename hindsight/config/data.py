@@ -66,7 +66,8 @@ class DataConfig(Strict):
         return {"source": getattr(self, name), "required": FILES[name],
                 "split": self.eval_split if name == "eval" else self.split,
                 "columns": self.columns_for(name) or None, "limit": limit,
-                "chat": {"system": self.system_prompt} if self.prompt_format == "chat" else None}
+                "chat": {"system": self.system_prompt} if self.prompt_format == "chat" else None,
+                "key": f"data.{name}"}
 
 
 class ModelConfig(Strict):

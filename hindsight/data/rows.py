@@ -70,15 +70,21 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
 
 
 def load_rows(source: str, required: tuple[str, ...] = (), split: str = "train",
-              columns: dict[str, str] | None = None, limit: int | None = None, chat: dict | None = None) -> list[dict]:
+              columns: dict[str, str] | None = None, limit: int | None = None, chat: dict | None = None,
+              key: str | None = None) -> list[dict]:
     """Load a local .jsonl/.parquet file, a hub dataset (`hf://name[:config]`) or procedural
     tasks (`rg://task?size=N&seed=S`, `data.procedural`).
 
     `columns` renames source columns to the names the stage expects, so GSM8K's
     `question`/`answer` can feed `prompt`/`answer` without a conversion step. `chat`
     ({"system": text or None}) turns plain-text columns into chat turns (`data.prompt_format`).
-    `DataConfig.reading(name)` gives all of these for one of the config's files.
+    `DataConfig.reading(name)` gives all of these for one of the config's files, and `key`, the
+    setting that named the file (`data.prompts`), which a missing file's error names.
     """
+    local = not (is_procedural(source) or source.startswith("hf://"))
+    if local and not Path(source).exists():
+        where = "" if Path(source).is_absolute() else f", relative to the working directory {Path.cwd()}"
+        raise DataError(f"{source}: data file not found ({key or 'the data path'}{where})")
     if is_procedural(source):
         rows = load_procedural(source)
     elif source.startswith("hf://"):
