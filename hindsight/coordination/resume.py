@@ -22,6 +22,8 @@ def prepare_resume(paths: RLDir, fingerprint: dict, start: int, steps: int) -> C
     still to train aside (they are scored again); a training change is logged. Then the config's
     fingerprint is what is stored: it is on disk before the run's first shard."""
     stored = read_json(paths.fingerprint, default=None)
+    if stored and start == 0 and not _holds_samples(paths):
+        stored = None  # an attempt that failed before its first sample: nothing to resume, nothing changed
     changes = compare(stored, fingerprint) if stored else Changes()
     check_resume(changes, paths.path, start, steps)
     if changes.keys("scoring"):
@@ -35,6 +37,13 @@ def prepare_resume(paths: RLDir, fingerprint: dict, start: int, steps: int) -> C
     if changes.by_section or stored is None:
         atomic_write_json(paths.fingerprint, fingerprint)
     return changes
+
+
+def _holds_samples(paths: RLDir) -> bool:
+    """Whether the folder holds anything a changed fingerprint would make stale: a stored rollout
+    or score (shards or parts) or a checkpoint."""
+    folders = (paths / "rollouts", paths.scores, paths / "parts", paths.checkpoints)
+    return any(f.is_dir() and any(f.iterdir()) for f in folders)
 
 
 def _set_scores_aside(paths: RLDir, start: int) -> int:
