@@ -17,10 +17,12 @@ SetOpt = typer.Option(None, "--set", help="override a key: --set rl.steps=5 (rep
 ForceOpt = typer.Option(False, "--force", help="retrain: ignore the cache and move the stage's old state aside "
                                                 "(kept under RUN_DIR/STAGE.old-TIME), never resuming from it", metavar="")
 DebugOpt = typer.Option(False, "--debug", help="show full tracebacks", metavar="")
+SmokeOpt = typer.Option(False, "--smoke", help="the config's smoke-size preset (its `smoke:` block): a finished "
+                                                "run in minutes on a laptop CPU", metavar="")
 NewRunOpt = typer.Option(False, "--force-new-run", help="the same as --force (kept for older scripts)", metavar="")
 
 
-def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool,
+def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool, smoke: bool = False,
                force_new_run: bool = False, parent_run_id: Optional[str] = None, result_json: Optional[Path] = None):
     from hindsight.config import load_config
 
@@ -29,7 +31,7 @@ def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool,
     def go():
         from hindsight.state.runlock import run_lock
 
-        cfg = load_config(config, sets or [])
+        cfg = load_config(config, sets or [], smoke=smoke)
         prefect_api()
         with run_lock(cfg.root):  # held from before --force moves anything to the last stage
             if force_new_run:
@@ -64,14 +66,15 @@ def _stage_command(stage: registry.Stage):
     state resumes (rl, pipeline) --force-new-run and the hidden ones a sweep's trial passes."""
     if stage.resume_flags:
         def command(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
-                    debug: bool = DebugOpt, force_new_run: bool = NewRunOpt,
+                    debug: bool = DebugOpt, smoke: bool = SmokeOpt, force_new_run: bool = NewRunOpt,
                     parent_run_id: Optional[str] = typer.Option(None, "--parent-run-id", hidden=True),
                     result_json: Optional[Path] = typer.Option(None, "--result-json", hidden=True)):
-            _run_stage(stage.name, config, set_, force or force_new_run, debug, force_new_run, parent_run_id, result_json)
+            _run_stage(stage.name, config, set_, force or force_new_run, debug, smoke, force_new_run, parent_run_id,
+                       result_json)
     else:
         def command(config: Path = ConfigOpt, set_: Optional[list[str]] = SetOpt, force: bool = ForceOpt,
-                    debug: bool = DebugOpt):
-            _run_stage(stage.name, config, set_, force, debug)
+                    debug: bool = DebugOpt, smoke: bool = SmokeOpt):
+            _run_stage(stage.name, config, set_, force, debug, smoke)
     command.__doc__ = stage.help
     return command
 

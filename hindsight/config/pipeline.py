@@ -105,11 +105,12 @@ def refuse_system_folder(path: Path) -> None:
         raise ValueError(problem)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), smoke: bool = False) -> PipelineConfig:
     """The config at `path`, its folder made importable: a reward module beside the config
     (`fn: my_rewards:score`, the file my_rewards.py next to it) imports without PYTHONPATH, in
-    this process and in the ones it starts (the reward worker, Ray actors, the async sampler)."""
-    raw, text = read_yaml_mapping(path, overrides)
+    this process and in the ones it starts (the reward worker, Ray actors, the async sampler).
+    `smoke` applies the file's smoke-size preset (its `smoke:` block) before `overrides`."""
+    raw, text = read_yaml_mapping(path, overrides, smoke=smoke)
     beside_the_config(Path(path))
     try:
         return PipelineConfig.model_validate(raw)

@@ -6,6 +6,7 @@ it: the file, each scalar, the nesting depth, the aliases, and the nodes the ali
 (a "billion laughs" nests a few aliases many levels deep: few aliases, billions of nodes)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -116,8 +117,11 @@ def apply_override(raw: dict, assignment: str) -> None:
                           f"quote a string that holds YAML syntax") from None
 
 
-def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "config"):
-    """(the mapping with `--set` overrides applied, the file's text); bad YAML names the file and line."""
+def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] = (), what: str = "config",
+                      smoke: bool = False):
+    """(the mapping with `--set` overrides applied, the file's text); bad YAML names the file and line.
+    A top-level `smoke:` block (dotted keys and values) is the file's smoke-size preset: applied
+    with `smoke`, before the overrides, and never part of the config itself."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: {what} file not found")
@@ -146,7 +150,13 @@ def read_yaml_mapping(path: str | Path, overrides: list[str] | tuple[str, ...] =
                           f"`name:` and the stages' settings)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
-    for assignment in overrides:
+    preset = raw.pop("smoke", None)
+    if preset is not None and not isinstance(preset, dict):
+        raise ConfigError(f"{path}:{_key_line(text, ('smoke',)) or 1}: smoke: a mapping of KEY.PATH: value, "
+                          f"the overrides --smoke applies")
+    if smoke and not preset:
+        raise ConfigError(f"{path}: no `smoke:` preset to apply (--smoke); add one, e.g. smoke: {{rl.steps: 2}}")
+    for assignment in [f"{k}={json.dumps(v)}" for k, v in (preset or {}).items() if smoke] + list(overrides):
         apply_override(raw, assignment)
     return raw, text
 

@@ -18,9 +18,7 @@ from hindsight.data.toolsums import build_tool_data
 ROOT = Path(__file__).resolve().parents[2]
 # the demo's data at smoke size: the full set's 16,000 SFT traces would be tokenized for 120 steps
 SMALL = {"n_sft": 1000, "n_sft_guess": 1000}
-SMOKE = ["--set", "data.dvc_file=null", "--set", "sft.max_steps=120", "--set", "sft.batch_size=8",
-         "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2",
-         "--set", "rl.samples_per_prompt=2", "--set", "eval.limit=4", "--set", "rl.eval_every=100"]
+SMOKE = ["--smoke", "--set", "data.dvc_file=null"]  # the config's own smoke preset, as a user runs it
 
 
 def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
@@ -134,9 +132,7 @@ def test_the_guess_demo_plays_its_game_over_several_turns(tmp_path):
     build_tool_data(tmp_path / "data-tools", **SMALL)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    smoke = ["--set", "data.dvc_file=null", "--set", "sft.max_steps=120", "--set", "sft.batch_size=16",
-             "--set", "rl.steps=2", "--set", "rl.prompts_per_step=2", "--set", "rl.samples_per_prompt=4", "--set", "eval.limit=4"]
-    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-guess.yaml", *smoke],
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-guess.yaml", *SMOKE],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     files = sorted(glob.glob(str(tmp_path / "runs/demo-guess/rl/rollouts/*.parquet")))
