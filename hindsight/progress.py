@@ -43,3 +43,24 @@ class StepProgress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+class Ticker:
+    """Progress of long work that is not an RL step (an evaluation's batches, a sweep's trials): a
+    line at most every `every_s` seconds, through the shared console, so a terminal's step bar
+    stays one bar under it and a pipe shows that the run is alive. Quick work prints nothing."""
+
+    def __init__(self, label: str, total: int, unit: str, every_s: float = 5.0):
+        self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
+        self.t0 = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        from hindsight.console import console
+
+        rate = (now - self.t0) / max(1, done)
+        console().print(f"{self.label}: {done}/{self.total} {self.unit} ({now - self.t0:.0f}s, eta "
+                        f"{rate * (self.total - done):.0f}s)", markup=False, highlight=False, soft_wrap=True)

@@ -23,3 +23,24 @@ def test_rich_bar_on_a_terminal(monkeypatch):
     p.advance(3, "reward 0.750")
     p.close()
     assert "3/4" in buf.getvalue() and "reward 0.750" in buf.getvalue()
+
+
+def test_a_ticker_prints_only_when_work_is_slow(monkeypatch):
+    import hindsight.progress as progress
+
+    lines, clock = [], [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+
+    class Console:
+        def print(self, text, **kw):
+            lines.append(text)
+
+    monkeypatch.setattr("hindsight.console.console", lambda: Console())
+    ticker = progress.Ticker("eval", 200, "answered", every_s=5.0)
+    clock[0] = 1.0
+    ticker.update(64)  # quick: nothing
+    clock[0] = 12.0
+    ticker.update(128)
+    clock[0] = 13.0
+    ticker.update(192)  # within 5 s of the last line: nothing
+    assert lines == ["eval: 128/200 answered (12s, eta 7s)"]
