@@ -1,12 +1,20 @@
 """Reward calls in a separate, persistent process, so a hanging reward costs at most its timeout.
 
-A thread cannot be killed; a process can. The worker is spawned once (not forked: the
-parent holds torch and Prefect threads) and reused across steps; a call that overruns
-its timeout kills the worker, and the next call starts a fresh one.
+A thread cannot be killed; a process can. The worker is started once and reused across steps;
+a call that overruns its timeout kills the worker, and the next call starts a fresh one. It is a
+fresh interpreter (`python -c`, with the parent's import path), not a fork (the parent holds
+torch and Prefect threads) and not multiprocessing's spawn, which re-imports the caller's
+`__main__`: a user's script without a main guard would start its training again in the worker.
+The two talk through multiprocessing's `Connection` over a socket pair.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+from multiprocessing import current_process
+from multiprocessing.connection import Connection
 
 
 class RewardTimeout(Exception):
@@ -29,6 +37,17 @@ class RewardExited(Exception):
         self.code = code
 
 
+def serve_fd(fd: int) -> None:
+    """The worker process's entry: serve calls on the socket `fd` until told to stop."""
+    import multiprocessing
+
+    conn = Connection(fd)
+    # the parent's key first: a tensor in a reward's result goes back through torch's shared-memory
+    # reduction, whose fd handover authenticates with it (spawn's children inherit it)
+    multiprocessing.current_process().authkey = conn.recv_bytes()
+    _serve(conn)
+
+
 def _serve(conn) -> None:
     import signal
 
@@ -37,7 +56,10 @@ def _serve(conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the stage decides, not the worker
 
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone (it exited or was killed): so is the worker
+            return
         if msg is None:
             return
         spec, kwargs = msg
@@ -56,12 +78,15 @@ class RewardWorker:
         self._conn = None
 
     def _ensure(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None and self._proc.poll() is None:
             return
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="hindsight-rewards")
-        self._proc.start()
+        mine, theirs = socket.socketpair()
+        code = f"from hindsight.scoring.guarded import serve_fd; serve_fd({theirs.fileno()})"
+        self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
+                                      stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        theirs.close()
+        self._conn = Connection(mine.detach())
+        self._conn.send_bytes(bytes(current_process().authkey))
 
     def call(self, spec: str, kwargs: dict, timeout_s: float) -> list:
         """`fn(**kwargs)` in the worker process, bounded by `timeout_s`."""
@@ -91,5 +116,10 @@ class RewardWorker:
                 self._conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-        self._proc.join(timeout=5)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._conn.close()
         self._proc, self._conn = None, None
