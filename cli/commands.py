@@ -19,7 +19,7 @@ ForceOpt = typer.Option(False, "--force", help="retrain: ignore the cache and mo
 DebugOpt = typer.Option(False, "--debug", help="show full tracebacks", metavar="")
 SmokeOpt = typer.Option(False, "--smoke", help="the config's smoke-size preset (its `smoke:` block): a finished "
                                                 "run in minutes on a laptop CPU", metavar="")
-NewRunOpt = typer.Option(False, "--force-new-run", help="the same as --force (kept for older scripts)", metavar="")
+NewRunOpt = typer.Option(False, "--force-new-run", hidden=True)  # = --force; still taken, not shown in --help
 
 
 def _run_stage(stage: str, config: Path, sets: Optional[list[str]], force: bool, debug: bool, smoke: bool = False,
