@@ -63,7 +63,9 @@ def _the_traces_tab_shows_them(tmp_path: Path, run_id: str, trace) -> None:
 
     exe, port = chromium(), _free_port()
     url = f"http://127.0.0.1:{port}"
-    exp = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id).info.experiment_id
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
+    exp, run_name = run.info.experiment_id, run.info.run_name
+    assert run_name == "rl · demo-tools → demo-tools-policy v1", run_name  # told apart from every other rl run
     (tmp_path / "ui").mkdir()
 
     def page(link: str, png: Path) -> str:
@@ -78,6 +80,7 @@ def _the_traces_tab_shows_them(tmp_path: Path, run_id: str, trace) -> None:
                 tmp_path / "ui"):
         tab = f"{url}/#/experiments/{exp}/runs/{run_id}/traces"
         listed = page(tab, tmp_path / "traces-tab.png")
+        assert run_name in listed, listed[:3000]  # the run page is headed by it
         assert "16 of 16" in listed and trace.data.spans[0].inputs["prompt"][:40].split("\n")[0] in listed, listed[:3000]
         opened = page(f"{tab}?selectedEvaluationId={trace.info.trace_id}", tmp_path / "trace-open.png")
         names = {s.name for s in trace.data.spans}
