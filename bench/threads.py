@@ -28,8 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WAITS = ("ACTIVE", "PASSIVE")  # OpenMP's idle threads: spin for the next parallel region, or sleep
-DEFAULT_WAIT = "PASSIVE"
+# OpenMP's idle threads between parallel regions: libgomp's default (spin ~300,000 rounds, then
+# sleep), sleep at once (PASSIVE), or spin 10,000 rounds
+WAITS = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"}}
+DEFAULT_WAIT = "spin10k"
 
 
 def worker(kind: str, steps: int, threads: int | None) -> dict:
@@ -72,7 +74,8 @@ def run_child(kind: str, steps: int, threads: int | None, wait: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--steps", str(steps)]
     if threads:
         cmd += ["--threads", str(threads)]
-    env = {**os.environ, "OMP_WAIT_POLICY": wait}  # read by OpenMP when torch loads: the child's start
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(WAITS[wait])  # read by OpenMP when torch loads: the child's start
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -102,16 +105,16 @@ def main() -> None:
                     p.kill()
                     p.wait()
             results.setdefault((kind, wait, load), []).append(res)
-            print(f"round {r} {kind:<3} {wait.lower():<7} {load:<6} threads {res['threads']}  cpu {res['cpu_s'] * 1000:7.1f} ms  "
+            print(f"round {r} {kind:<3} {wait:<7} {load:<6} threads {res['threads']}  cpu {res['cpu_s'] * 1000:7.1f} ms  "
                   f"wall {res['wall_s'] * 1000:7.1f} ms", flush=True)
     print(f"\n{busy} usable CPUs, {busy} spinning processes when loaded, {os.cpu_count()} cores on the node")
     for kind, wait in itertools.product(("sft", "rl"), WAITS):
         q, ld = (statistics.median(x["cpu_s"] for x in results[(kind, wait, k)]) for k in ("quiet", "loaded"))
         qw, lw = (statistics.median(x["wall_s"] for x in results[(kind, wait, k)]) for k in ("quiet", "loaded"))
         mark = " (hindsight's default)" if wait == DEFAULT_WAIT else ""
-        print(f"{kind} {wait.lower()}{mark}: step cpu quiet {q * 1000:.1f} ms, loaded {ld * 1000:.1f} ms; "
+        print(f"{kind} {wait}{mark}: step cpu quiet {q * 1000:.1f} ms, loaded {ld * 1000:.1f} ms; "
               f"wall {qw * 1000:.1f} -> {lw * 1000:.1f} ms")
-        print(f"{kind} {wait.lower()}: ratio step_cpu_s loaded/quiet: {ld / q:.3f}")
+        print(f"{kind} {wait}: ratio step_cpu_s loaded/quiet: {ld / q:.3f}")
 
 
 if __name__ == "__main__":

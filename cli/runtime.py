@@ -21,6 +21,10 @@ def env() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # and so would MLflow's
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # and TRL's dataset preparation's
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its links open the GenAI view: ours say where
+    # OpenMP's idle threads spin ~300,000 rounds before they sleep: on a shared machine that spinning
+    # doubled a step's CPU (bench/threads.py). 10,000 keeps a quiet machine's speed. Read when torch
+    # loads, so set here, before any stage imports it; the processes a stage starts inherit it.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     import warnings
 
     # TRL 1.16's own configs set the argument transformers 5 renamed: not the user's to fix
