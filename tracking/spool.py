@@ -32,7 +32,9 @@ def unreachable(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return isinstance(exc, (ConnectionError, TimeoutError)) or any(s in text for s in (
         "Max retries exceeded", "Connection refused", "ConnectionError", "Failed to establish", "timed out",
-        "RemoteDisconnected", "Connection aborted", "NewConnectionError"))
+        "RemoteDisconnected", "Connection aborted", "NewConnectionError",
+        # a server killed while it answered: the response is cut (urllib3's ProtocolError)
+        "Connection broken", "IncompleteRead", "ChunkedEncodingError"))
 
 
 class Spool:
