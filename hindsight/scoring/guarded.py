@@ -39,12 +39,10 @@ class RewardExited(Exception):
 
 def serve_fd(fd: int) -> None:
     """The worker process's entry: serve calls on the socket `fd` until told to stop."""
-    import multiprocessing
-
     conn = Connection(fd)
     # the parent's key first: a tensor in a reward's result goes back through torch's shared-memory
     # reduction, whose fd handover authenticates with it (spawn's children inherit it)
-    multiprocessing.current_process().authkey = conn.recv_bytes()
+    current_process().authkey = conn.recv_bytes()
     _serve(conn)
 
 
