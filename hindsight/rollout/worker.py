@@ -18,7 +18,7 @@ from hindsight.data.chat import is_conversation, prompt_text
 from hindsight.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.logprobs import budgeted_logprobs
-from hindsight.rollout.seeds import group_seed  # noqa: F401 (also imported from here)
+from hindsight.rollout.seeds import group_seed
 from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.engines import EngineContext, get_engine
 from hindsight.state.store import RolloutStore
