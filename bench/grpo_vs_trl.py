@@ -115,13 +115,13 @@ def run_flow(init: str, work: Path, steps: int, seed: int, task: str, k: int, na
     stamps = [m.timestamp / 1000 for m in history]
     split = {}
     for key in ("time/rollout_s", "time/rollout_wait_s", "time/score_s", "time/update_s", "time/compute/generate_s",
-                "time/compute/score_s", "time/compute/learn_s"):
-        values = [m.value for m in client.get_metric_history(result.run_id, key) if m.step > 1]
+                "time/compute/score_s", "time/compute/learn_s"):  # recorded under runtime/ (lookback.metrics)
+        values = [m.value for m in client.get_metric_history(result.run_id, f"runtime/{key}") if m.step > 1]
         if values:
             split[key] = statistics.median(values)
     compute = {}  # step -> seconds in the kernel's own work (engine, rewards + models, learner update)
     for key in ("time/compute/generate_s", "time/compute/score_s", "time/compute/learn_s"):
-        for m in client.get_metric_history(result.run_id, key):
+        for m in client.get_metric_history(result.run_id, f"runtime/{key}"):
             compute[m.step] = compute.get(m.step, 0.0) + m.value
     by_step = {m.step: m.timestamp / 1000 for m in history}
     inside = [(by_step[s] - by_step[s - 1]) / compute[s] - 1 for s in sorted(by_step)[1:-1] if s in compute and s - 1 in by_step]

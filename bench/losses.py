@@ -69,7 +69,7 @@ def run(cfg: dict) -> dict:
     out = rl_flow(PipelineConfig.model_validate(cfg), force=True)
     rows = [json.loads(line) for line in (Path(cfg["run_dir"]) / "rl/metrics.jsonl").read_text().splitlines() if line]
     rows = [r for r in rows if "reward/mean" in r]
-    phases = ("time/rollout_s", "time/score_s", "time/update_s")
+    phases = ("runtime/time/rollout_s", "runtime/time/score_s", "runtime/time/update_s")
     return {"accuracy": out.eval_accuracy, "rewards": [r["reward/mean"] for r in rows],
             "step_s": statistics.median(sum(r.get(k, 0.0) for k in phases) for r in rows)}
 

@@ -133,11 +133,11 @@ def run_flow(a, init: str, work: Path, k: int) -> dict:
         return statistics.median(values) if values else 0.0
 
     per_step = step_s(stamps)
-    sample, score, update = median("time/rollout_s"), median("time/score_s"), median("time/update_s")
+    sample, score, update = median("runtime/time/rollout_s"), median("runtime/time/score_s"), median("runtime/time/update_s")
     split = {"sample": sample, "score": score, "reference": 0.0, "update": update,
              "the rest": per_step - sample - score - update}
     if k:  # sampling overlaps the update: what the step waited for it is the cost
-        split["sample (waited)"] = median("time/rollout_wait_s")
+        split["sample (waited)"] = median("runtime/time/rollout_wait_s")
         split["the rest"] = per_step - split["sample (waited)"] - score - update
     final = work / name / "rl/checkpoints/policy" / f"step-{a.steps:06d}"
     return {"step_s": per_step, "final": str(final), "split": split, **peak_rss_gb()}

@@ -86,6 +86,7 @@ def _portable(cfg: PipelineConfig, policy_dir, init_path: str):
 
 def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: Preemption) -> None:
     from hindsight.lookback.curve import run_curves
+    from hindsight.lookback.metrics import recorded
     from hindsight.state.checkpoint import checkpoint_spans
     from tasks.rl import get_run, steps_task
 
@@ -97,7 +98,7 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: P
     def after_step(step: int, out: dict) -> None:
         """After each step: evaluate when due, record replayed prompts, show progress, watch; on
         SIGTERM, checkpoint the step and stop."""
-        done, metrics = step + 1, _numeric(out)
+        done, metrics = step + 1, recorded(_numeric(out))  # the names history, alerts and MLflow share
         if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
             metrics["eval/accuracy"] = _evaluate(cfg, key, run_id, done)
         if out.get("replay/ids"):
@@ -105,8 +106,8 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: P
         metrics.update(run_curves(get_run(key).monitor.history + [{"step": done, **metrics}],
                                   cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt, cfg.lookback.curve_min_points,
                                   cfg.rl.steps))
-        plateau = f" → {metrics['curve/reward/asymptote']:.3f}" if "curve/reward/asymptote" in metrics else ""
-        progress.advance(done, f"reward {metrics['reward/mean']:.3f}{plateau} kl {metrics.get('kl', 0.0):.4f}")
+        plateau = f" → {metrics['reward/curve/asymptote']:.3f}" if "reward/curve/asymptote" in metrics else ""
+        progress.advance(done, f"reward {metrics['reward/mean']:.3f}{plateau} kl {metrics.get('policy/kl', 0.0):.4f}")
         _watch(cfg, key, run_id, done, metrics)
         if preemption.requested and done < cfg.rl.steps:
             get_run(key).checkpoint(done)
@@ -137,7 +138,7 @@ def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
     if changes:
         tracking.set_tags(cfg, run_id, {f"hindsight.changed.{section}.{key}": f"{old!r} -> {new!r} at step {start}"
                                         for section, diff in changes.items() for key, (old, new) in diff.items()})
-        tracking.log_metrics(cfg, run_id, {f"config/{key}": float(new) for diff in changes.values()
+        tracking.log_metrics(cfg, run_id, {f"runtime/config/{key}": float(new) for diff in changes.values()
                                            for key, (_, new) in diff.items()
                                            if isinstance(new, (int, float)) and not isinstance(new, bool)}, start)
 

@@ -55,7 +55,7 @@ def window_mean(history: list[dict], key: str, window: int) -> float | None:
 
 @rule('entropy {v:.4g} < {t:g} (collapse)')
 def entropy_low(history, threshold, window):
-    v = window_mean(history, "entropy", window)
+    v = window_mean(history, "policy/entropy", window)
     return v if v is not None and v < threshold else None
 
 
@@ -67,7 +67,7 @@ def reward_std_low(history, threshold, window):
 
 @rule('KL {v:.4g} > {t:g}')
 def kl_high(history, threshold, window):
-    v = window_mean(history, "kl", window)
+    v = window_mean(history, "policy/kl", window)
     return v if v is not None and v > threshold else None
 
 
@@ -75,7 +75,7 @@ def kl_high(history, threshold, window):
 def nonfinite_loss(history, threshold, window):
     """A NaN or Inf loss or grad norm at the newest step: the update has already gone bad."""
     last = history[-1] if history else {}
-    for key in ("loss", "grad_norm"):
+    for key in ("policy/loss", "policy/grad_norm"):
         if key in last and not math.isfinite(as_float(last[key])):
             return as_float(last[key])
     return None

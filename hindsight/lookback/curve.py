@@ -112,10 +112,10 @@ def _shape(x: np.ndarray, mid: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def run_curves(history: list[dict], samples_per_step: int, min_points: int, steps: int) -> dict[str, float]:
-    """`curve/reward/*` from every step's reward/mean and `curve/eval/*` from the evaluations,
+    """`reward/curve/*` from every step's reward/mean and `eval/curve/*` from the evaluations,
     once each has `min_points` points; the metrics a step logs."""
     out: dict[str, float] = {}
-    for key, prefix, bounds in (("reward/mean", "curve/reward", None), ("eval/accuracy", "curve/eval", (0.0, 1.0))):
+    for key, prefix, bounds in (("reward/mean", "reward/curve", None), ("eval/accuracy", "eval/curve", (0.0, 1.0))):
         pts = [(h["step"] * samples_per_step, h[key]) for h in history if isinstance(h.get(key), (int, float))]
         if len(pts) >= min_points:
             fit = fit_curve(*zip(*pts), bounds=bounds, horizon=steps * samples_per_step)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hindsight.fsutil import atomic_write_json
 
-PREFIX = {"reward/mean": "curve/reward", "eval/accuracy": "curve/eval"}
+PREFIX = {"reward/mean": "reward/curve", "eval/accuracy": "eval/curve"}
 
 
 def post(board: Path, trial: str, step: int, metrics: dict, metric: str) -> dict | None:

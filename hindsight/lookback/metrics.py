@@ -92,13 +92,41 @@ def trajectory_metrics(rows: list[dict]) -> dict[str, float]:
 
 # What a practitioner reads first, in this order; everything else (bookkeeping: learn/, time/,
 # memory/, lr/, ...) follows alphabetically. `hindsight compare` lists metrics in this order.
-WATCH_FIRST = ("reward/mean", "eval/accuracy", "reward/", "eval/", "kl", "entropy", "response_length/",
-               "clip_fraction", "loss", "grad_norm", "approx_kl", "rollout/completion_rate")
+WATCH_FIRST = ("reward/mean", "eval/accuracy", "reward/", "eval/", "policy/kl", "policy/entropy", "response_length/",
+               "policy/clip_fraction", "policy/", "rollout/", "offpolicy/", "multiturn/", "critic/")
+
+# MLflow lays a run's charts out in sections, one per name prefix, sorted by code point, with
+# unprefixed names last. So what a practitioner watches is recorded under sections of its own
+# (policy/, reward/, eval/, response_length/, rollout/ ...) and the bookkeeping under runtime/,
+# which sorts after every one of them. Producers keep short local names (the update returns
+# `kl`, `loss`); `recorded` names a step's metrics once, where the step is recorded, so the run's
+# history, its alerts, MLflow and the report all read the same names (docs/metrics.md).
+WATCHED = ("reward", "eval", "response_length", "rollout", "offpolicy", "multiturn", "critic", "negative_ft", "policy")
+RUNTIME = ("learn", "time", "memory", "store", "lr", "dynamic_sampling", "replay", "config", "publish", "async",
+           "workers")
+RUNTIME_NAMES = ("rollout/tokens_per_s", "rollout/reused")
+
+
+def recorded_name(name: str) -> str:
+    """The name a step's metric is recorded under: bookkeeping under runtime/, the update's own
+    statistics (kl, entropy, loss, grad_norm, clip_fraction, ratio_mean ...) under policy/."""
+    head = name.partition("/")[0]
+    if head in RUNTIME or name in RUNTIME_NAMES:
+        return f"runtime/{name}"
+    if head in WATCHED:
+        return name
+    return f"policy/{name}"
+
+
+def recorded(metrics: dict) -> dict:
+    """A step's metrics under their recorded names (`recorded_name`)."""
+    return {recorded_name(k): v for k, v in metrics.items()}
 
 
 def watch_order(name: str) -> tuple[int, str]:
-    """A sort key: a metric's place in WATCH_FIRST (a name, or a prefix ending in /), then its name."""
+    """A sort key: a metric's place in WATCH_FIRST (a name, or a prefix ending in /), then its
+    name; other stages' metrics after those, and the bookkeeping (runtime/) last, as in MLflow."""
     for i, key in enumerate(WATCH_FIRST):
         if name == key or (key.endswith("/") and name.startswith(key)):
             return i, name
-    return len(WATCH_FIRST), name
+    return len(WATCH_FIRST) + name.startswith("runtime/"), name

@@ -25,9 +25,9 @@ th{background:#f6f8fa;text-align:left}.prompt{white-space:pre-wrap;font-family:u
 .turn{margin:2px 0;padding:2px 4px}.env-turn{background:#f6f8fa;border-left:3px solid #8c959f;color:#57606a}
 """
 
-SUMMARY_KEYS = ("reward/mean", "reward/std", "reward/zero_std_fraction", "kl", "entropy", "response_length/mean",
-                "response_length/truncated_fraction", "clip_fraction", "approx_kl", "grad_norm",
-                "rollout/completion_rate", "rollout/tokens_per_s", "eval/accuracy", "multiturn/turns",
+SUMMARY_KEYS = ("reward/mean", "reward/std", "reward/zero_std_fraction", "policy/kl", "policy/entropy", "response_length/mean",
+                "response_length/truncated_fraction", "policy/clip_fraction", "policy/approx_kl", "policy/grad_norm",
+                "rollout/completion_rate", "runtime/rollout/tokens_per_s", "eval/accuracy", "multiturn/turns",
                 "multiturn/tool_calls", "multiturn/tool_error_rate", "multiturn/cut_by_turns",
                 "multiturn/retokenize_mismatches")
 

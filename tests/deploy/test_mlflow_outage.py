@@ -72,7 +72,7 @@ def test_killing_the_mlflow_server_mid_run_loses_nothing_after_sync(tiny_init, p
         run = client.get_run(mv.run_id)
         assert run.info.status == "FINISHED"
         local = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-        for key in ("reward/mean", "loss", "lr"):
+        for key in ("reward/mean", "policy/loss", "runtime/lr"):
             history = client.get_metric_history(run.info.run_id, key)
             want = {row["step"]: row[key] for row in local if key in row}
             assert sorted({m.step for m in history}) == sorted(want) == list(range(1, STEPS + 1)), key

@@ -101,5 +101,5 @@ def test_resume_trains_on_shards_newer_than_the_weights(workspace):
     runs = client.search_runs([client.get_experiment_by_name("hindsight").experiment_id],
                               "tags.`hindsight.resumed_from_step` = '2'")
     assert runs
-    reused = {m.step for m in client.get_metric_history(runs[0].info.run_id, "rollout/reused")}
+    reused = {m.step for m in client.get_metric_history(runs[0].info.run_id, "runtime/rollout/reused")}
     assert reused == {3, 4}  # metric steps are 1-based: steps 2 and 3 came from the store

@@ -85,8 +85,25 @@ def _the_traces_tab_shows_them(tmp_path: Path, run_id: str, trace) -> None:
         opened = page(f"{tab}?selectedEvaluationId={trace.info.trace_id}", tmp_path / "trace-open.png")
         names = {s.name for s in trace.data.spans}
         assert names and all(name in opened for name in names), (names, opened[:3000])
+        charts = page(f"{url}/#/experiments/{exp}/runs/{run_id}/model-metrics", tmp_path / "charts.png")
+        _watched_charts_come_first(charts)
     assert (tmp_path / "traces-tab.png").read_bytes()[:4] == b"\x89PNG"
     print(f"screenshots: {tmp_path / 'traces-tab.png'} {tmp_path / 'trace-open.png'}")
+
+
+def _watched_charts_come_first(page: str) -> None:
+    """The run page's chart sections, in the order MLflow lays them out: every section a
+    practitioner watches (reward, eval, policy's KL and entropy, lengths, turns) before the first
+    bookkeeping one (runtime/...), and no metric in MLflow's unprefixed section, which comes last."""
+    import re
+
+    sections = re.findall(r"([A-Za-z_/]+|Model metrics) \((\d+)\) Add chart", page)
+    order = [name for name, count in sections if name != "Model metrics"]
+    assert order and dict(sections).get("Model metrics", "0") == "0", page[:3000]  # MLflow shows it, empty
+    first_runtime = next(i for i, name in enumerate(order) if name.startswith("runtime"))
+    watched = order[:first_runtime]
+    assert {"reward", "eval", "policy", "response_length", "multiturn"} <= set(watched), order
+    assert all(name.startswith("runtime") for name in order[first_runtime:]), order
 
 
 def _traces_hold_the_stored_trajectories(uri: str, run_id: str, rl_dir: Path):

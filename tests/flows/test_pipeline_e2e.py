@@ -54,7 +54,7 @@ def test_pipeline_logs_nested_runs_and_metrics(smoke_run):
         assert run.data.tags["version.trl"] and run.data.tags["git.commit"]
         assert run.data.params["rl.samples_per_prompt"] == "4"
     rl = by_name["rl"].info.run_id
-    for metric in ("reward/mean", "kl", "entropy", "loss", "response_length/mean"):
+    for metric in ("reward/mean", "policy/kl", "policy/entropy", "policy/loss", "response_length/mean"):
         steps = [m.step for m in client.get_metric_history(rl, metric)]
         assert steps == [1, 2, 3, 4], metric
     rm = by_name["reward-model"].data.metrics  # measured on the 150 of 1,500 pairs it never trained on

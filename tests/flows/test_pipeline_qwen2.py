@@ -26,10 +26,10 @@ def test_sft_rl_and_the_registry_on_a_qwen2_model_with_micro_batches(tmp_path, l
     policy = client.get_model_version_by_alias("smoke-qwen2-policy", "latest")
     rl = client.get_run(policy.run_id)
     history = {k: [m.value for m in client.get_metric_history(rl.info.run_id, k)]
-               for k in ("learn/mini_batches", "learn/micro_batches", "learn/padding_fraction", "loss")}
-    assert history["learn/mini_batches"] == [2.0, 2.0]            # 16 samples, 8 per optimizer step
-    assert min(history["learn/micro_batches"]) > 1                # each mini-batch in several micro-batches
-    assert len(history["loss"]) == 2
+               for k in ("runtime/learn/mini_batches", "runtime/learn/micro_batches", "runtime/learn/padding_fraction", "policy/loss")}
+    assert history["runtime/learn/mini_batches"] == [2.0, 2.0]            # 16 samples, 8 per optimizer step
+    assert min(history["runtime/learn/micro_batches"]) > 1                # each mini-batch in several micro-batches
+    assert len(history["policy/loss"]) == 2
     assert client.get_model_version_by_alias("smoke-qwen2-sft", "latest")
 
     # the registered policy is a Qwen2 model with its ChatML tokenizer, loadable by transformers as it is
@@ -46,6 +46,6 @@ def test_sft_rl_and_the_registry_on_a_qwen2_model_with_micro_batches(tmp_path, l
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > ids.shape[1]  # it generates as it is
     if learner:  # trained sharded: the weights came to the rollout copy in buckets, resume state in DCP shards
-        assert client.get_metric_history(rl.info.run_id, "publish/buckets")
+        assert client.get_metric_history(rl.info.run_id, "runtime/publish/buckets")
         state = tmp_path / "runs/smoke-qwen2/rl/checkpoints/learner_state/step-000002"
         assert {p.name for p in state.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp"}

@@ -95,7 +95,7 @@ def test_permanent_failure_names_the_stage_and_the_rerun_resumes(work):
     _, runs = _rl_runs(env)
     assert [r.info.status for r in runs] == ["FAILED", "FAILED", "FINISHED"]
     assert runs[-1].data.tags["hindsight.resumed_from_step"] == "2"
-    assert runs[-1].data.metrics["rollout/reused"] == 1.0  # step 2's stored shard was trained on, not resampled
+    assert runs[-1].data.metrics["runtime/rollout/reused"] == 1.0  # step 2's stored shard was trained on, not resampled
     assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(4)]
 
 

@@ -49,7 +49,7 @@ def test_demo_rl_run_has_documented_metrics_reports_and_plots(demo):
     assert len(names) >= 20
     missing = [m for m in names if m not in rl.data.metrics]
     assert missing == []
-    for m in ("reward/mean", "kl", "entropy", "response_length/p95", "memory/cpu_peak_mb"):
+    for m in ("reward/mean", "policy/kl", "policy/entropy", "response_length/p95", "runtime/memory/cpu_peak_mb"):
         assert [x.step for x in client.get_metric_history(rl.info.run_id, m)] == list(range(1, STEPS + 1)), m
     assert [x.step for x in client.get_metric_history(rl.info.run_id, "eval/accuracy")] == [0, 10, 20]
     reports = [f.path for f in client.list_artifacts(rl.info.run_id, "reports")]
@@ -89,7 +89,7 @@ def test_compare_prints_final_metrics_and_config_differences(demo):
     first = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0] in ("reward/mean", "eval/accuracy")]
     assert first == ["reward/mean", "eval/accuracy"]  # what one reads first, before the bookkeeping
     where = {ln.split()[0]: i for i, ln in enumerate(lines) if ln.split()}
-    assert where["eval/accuracy"] < where["kl"] < min(i for k, i in where.items() if k.startswith("time/"))
+    assert where["eval/accuracy"] < where["policy/kl"] < min(i for k, i in where.items() if k.startswith("runtime/"))
     assert "sft · " in lines[0] and "rl · " in lines[0] and "→" in lines[0]  # columns headed by run name
     assert "config differences (0):" in res.stdout  # the same config: no key differs
     missing = hindsight(["compare", "rl", "no-such-run"], work, env)

@@ -149,7 +149,7 @@ def test_lower_lr_alert_lowers_the_rate_and_it_survives_resume(tiny_run, tmp_pat
     init = str(rl_dir.parents[1] / "init")
     run = RLRun(cfg, init, None)
     assert run.start_step == 2 and len(run.monitor.history) == 2  # history reloaded from metrics.jsonl
-    fired = run.observe(3, {"kl": 0.9})
+    fired = run.observe(3, {"policy/kl": 0.9})
     assert [a.rule for a in fired] == ["kl_high"]
     assert run.learner.optimizer.param_groups[0]["lr"] == pytest.approx(5e-5)
     assert '"rule": "kl_high"' in (run.dir / "alerts.jsonl").read_text()

@@ -49,4 +49,4 @@ def test_a_trial_that_cannot_win_stops_early_and_the_ranking_says_why(tmp_path, 
                                           "'%t01'")
     stopped = [r for r in trial_runs if r.info.status == "KILLED"]
     assert stopped and "early stop at step 6" in stopped[0].data.tags["hindsight.stopped"]
-    assert "curve/eval/asymptote_hi" in stopped[0].data.metrics
+    assert "eval/curve/asymptote_hi" in stopped[0].data.metrics

@@ -6,7 +6,7 @@ import pytest
 from hindsight.lookback.alerts import RULES, AlertMonitor, window_mean
 from hindsight.config import AlertRule, ConfigError, RLConfig, load_config
 
-HEALTHY = {"entropy": 1.2, "reward/std": 0.3, "kl": 0.02, "loss": 0.1, "grad_norm": 0.5,
+HEALTHY = {"policy/entropy": 1.2, "reward/std": 0.3, "policy/kl": 0.02, "policy/loss": 0.1, "policy/grad_norm": 0.5,
            "response_length/mean": 10.0, "reward/mean": 0.5}
 
 
@@ -17,9 +17,9 @@ def feed(rule: AlertRule, steps: list[dict]):
 
 
 @pytest.mark.parametrize("rule,bad,threshold,window", [
-    ("entropy_low", {"entropy": 0.01}, 0.05, 2),
+    ("entropy_low", {"policy/entropy": 0.01}, 0.05, 2),
     ("reward_std_low", {"reward/std": 0.0}, 1e-3, 2),
-    ("kl_high", {"kl": 1.5}, 1.0, 2),
+    ("kl_high", {"policy/kl": 1.5}, 1.0, 2),
     ("length_collapse", {"response_length/mean": 2.0}, 0.25, 2),
     ("length_explode", {"response_length/mean": 50.0}, 4.0, 2),
 ])
@@ -38,11 +38,11 @@ def test_window_rules_fire_only_once_the_window_mean_crosses(rule, bad, threshol
 
 def test_window_rule_fires_again_after_clearing():
     r = AlertRule(rule="kl_high", threshold=1.0)
-    fired = feed(r, [{"kl": 2.0}, {"kl": 2.0}, {}, {"kl": 5.0}])
+    fired = feed(r, [{"policy/kl": 2.0}, {"policy/kl": 2.0}, {}, {"policy/kl": 5.0}])
     assert [len(f) for f in fired] == [1, 0, 0, 1]
 
 
-@pytest.mark.parametrize("bad", [{"loss": math.nan}, {"loss": math.inf}, {"grad_norm": -math.inf}])
+@pytest.mark.parametrize("bad", [{"policy/loss": math.nan}, {"policy/loss": math.inf}, {"policy/grad_norm": -math.inf}])
 def test_nonfinite_loss_fires_on_nan_or_inf(bad):
     fired = feed(AlertRule(rule="nonfinite_loss", action="stop"), [{}, bad])
     assert fired[0] == [] and len(fired[1]) == 1
@@ -50,7 +50,7 @@ def test_nonfinite_loss_fires_on_nan_or_inf(bad):
 
 
 def test_nonfinite_loss_reads_the_string_form_kept_in_metrics_jsonl():
-    fired = feed(AlertRule(rule="nonfinite_loss"), [{"loss": "nan"}])
+    fired = feed(AlertRule(rule="nonfinite_loss"), [{"policy/loss": "nan"}])
     assert len(fired[0]) == 1
 
 

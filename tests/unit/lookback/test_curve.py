@@ -46,18 +46,18 @@ def test_run_curves_fit_rewards_by_step_and_eval_points_apart():
     history = [{"step": 0, "eval/accuracy": 0.1}] + [
         {"step": s, "reward/mean": float(sigmoid(np.array([s * 16.0]), 0.1, 0.7, 160.0, 2.0)[0])} for s in range(1, 9)]
     out = run_curves(history, samples_per_step=16, min_points=4, steps=20)
-    assert out["curve/reward/asymptote"] == pytest.approx(0.7, abs=0.05)
-    assert not any(k.startswith("curve/eval") for k in out)  # one eval point: nothing to fit
-    assert set(out) == {f"curve/reward/{k}" for k in ("asymptote", "asymptote_lo", "asymptote_hi", "midpoint",
+    assert out["reward/curve/asymptote"] == pytest.approx(0.7, abs=0.05)
+    assert not any(k.startswith("eval/curve") for k in out)  # one eval point: nothing to fit
+    assert set(out) == {f"reward/curve/{k}" for k in ("asymptote", "asymptote_lo", "asymptote_hi", "midpoint",
                                                         "midpoint_lo", "midpoint_hi", "rmse")}
 
 
 def test_a_trial_that_cannot_reach_the_leader_stops_after_min_steps(tmp_path):
-    lead = {"curve/reward/asymptote": 0.8, "curve/reward/asymptote_lo": 0.5, "curve/reward/asymptote_hi": 1.0}
+    lead = {"reward/curve/asymptote": 0.8, "reward/curve/asymptote_lo": 0.5, "reward/curve/asymptote_hi": 1.0}
     post(tmp_path, "t00", 10, lead, "reward/mean")
     (tmp_path / "t02.json").write_text('{"lo": ')  # a torn file is skipped, not trusted
-    mine = post(tmp_path, "t01", 3, {"curve/reward/asymptote": 0.1, "curve/reward/asymptote_lo": 0.05,
-                                     "curve/reward/asymptote_hi": 0.2}, "reward/mean")
+    mine = post(tmp_path, "t01", 3, {"reward/curve/asymptote": 0.1, "reward/curve/asymptote_lo": 0.05,
+                                     "reward/curve/asymptote_hi": 0.2}, "reward/mean")
     best = leader(tmp_path, "t01")
     assert best["trial"] == "t00" and json.loads((tmp_path / "t01.json").read_text())["hi"] == 0.2
     assert verdict(mine, best, 3, 4, "reward/mean") is None  # before min_steps

@@ -61,10 +61,30 @@ def test_the_reward_band_stays_within_the_observed_rewards():
 
 
 def test_the_metrics_one_watches_come_first_and_bookkeeping_after():
-    from hindsight.lookback.metrics import watch_order
+    from hindsight.lookback.metrics import recorded, watch_order
 
-    names = ["time/update_s", "learn/packing", "kl", "memory/cpu_peak_mb", "reward/std", "entropy", "eval/accuracy",
-             "reward/mean", "clip_fraction", "response_length/mean", "loss", "eval/accuracy_before", "grad_norm", "lr"]
+    produced = {"time/update_s": 1, "learn/packing": 1, "kl": 1, "memory/cpu_peak_mb": 1, "reward/std": 1,
+                "entropy": 1, "eval/accuracy": 1, "reward/mean": 1, "clip_fraction": 1, "response_length/mean": 1,
+                "loss": 1, "eval/accuracy_before": 1, "grad_norm": 1, "lr": 1, "ratio_mean/iter0": 1,
+                "rollout/tokens_per_s": 1, "rollout/completion_rate": 1, "offpolicy/ratio_p50": 1}
+    names = list(recorded(produced))
     assert sorted(names, key=watch_order) == [
-        "reward/mean", "eval/accuracy", "reward/std", "eval/accuracy_before", "kl", "entropy", "response_length/mean",
-        "clip_fraction", "loss", "grad_norm", "learn/packing", "lr", "memory/cpu_peak_mb", "time/update_s"]
+        "reward/mean", "eval/accuracy", "reward/std", "eval/accuracy_before", "policy/kl", "policy/entropy",
+        "response_length/mean", "policy/clip_fraction", "policy/grad_norm", "policy/loss", "policy/ratio_mean/iter0",
+        "rollout/completion_rate", "offpolicy/ratio_p50", "runtime/learn/packing", "runtime/lr",
+        "runtime/memory/cpu_peak_mb", "runtime/rollout/tokens_per_s", "runtime/time/update_s"]
+
+
+def test_every_watched_section_sorts_before_the_bookkeeping_as_mlflow_lays_them_out():
+    """MLflow sorts a run page's sections by code point: each watched section must come before runtime/."""
+    from hindsight.lookback.metrics import recorded_name
+
+    produced = ["kl", "entropy", "loss", "reward/mean", "reward/curve/asymptote", "eval/accuracy", "critic/loss",
+                "response_length/p95", "rollout/completion_rate", "offpolicy/mismatch_kl_k3", "multiturn/turns",
+                "negative_ft/loss", "learn/micro_batches", "time/rollout_s", "memory/cpu_peak_mb", "store/regenerated_shards",
+                "lr", "lr/alert_multiplier", "dynamic_sampling/kept_groups", "replay/count", "publish/bytes",
+                "async/staleness", "workers/rollout", "config/lr"]
+    sections = {recorded_name(n).rpartition("/")[0] for n in produced}
+    watched = {s for s in sections if not s.startswith("runtime")}
+    assert "" not in sections  # nothing lands in MLflow's unprefixed section, which comes last
+    assert max(watched) < min(s for s in sections if s.startswith("runtime"))
