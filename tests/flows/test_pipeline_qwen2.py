@@ -26,7 +26,8 @@ def test_sft_rl_and_the_registry_on_a_qwen2_model_with_micro_batches(tmp_path, l
     policy = client.get_model_version_by_alias("smoke-qwen2-policy", "latest")
     rl = client.get_run(policy.run_id)
     history = {k: [m.value for m in client.get_metric_history(rl.info.run_id, k)]
-               for k in ("runtime/learn/mini_batches", "runtime/learn/micro_batches", "runtime/learn/padding_fraction", "policy/loss")}
+               for k in ("runtime/learn/mini_batches", "runtime/learn/micro_batches", "runtime/learn/padding_fraction",
+                         "policy/loss")}
     assert history["runtime/learn/mini_batches"] == [2.0, 2.0]            # 16 samples, 8 per optimizer step
     assert min(history["runtime/learn/micro_batches"]) > 1                # each mini-batch in several micro-batches
     assert len(history["policy/loss"]) == 2
