@@ -30,8 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # OpenMP's idle threads between parallel regions: libgomp's default (spin ~300,000 rounds, then
 # sleep), sleep at once (PASSIVE), or spin 10,000 rounds
-WAITS = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"}}
-DEFAULT_WAIT = "spin10k"
+# sleep at once (PASSIVE), spin 10,000 rounds, or what hindsight's commands choose at their start:
+# PASSIVE where the usable CPUs are already busy, else 10,000 rounds (hindsight.cpus.omp_wait_env)
+WAITS = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"},
+         "adaptive": None}
+DEFAULT_WAIT = "adaptive"
 
 
 def worker(kind: str, steps: int, threads: int | None) -> dict:
@@ -74,10 +77,13 @@ def run_child(kind: str, steps: int, threads: int | None, wait: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--steps", str(steps)]
     if threads:
         cmd += ["--threads", str(threads)]
+    from hindsight.cpus import omp_wait_env
+
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env.update(WAITS[wait])  # read by OpenMP when torch loads: the child's start
+    chosen = WAITS[wait] if WAITS[wait] is not None else omp_wait_env()  # as cli/runtime.env() at a command's start
+    env.update(chosen)  # read by OpenMP when torch loads: the child's start
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "env": chosen}
 
 
 def main() -> None:
@@ -99,14 +105,15 @@ def main() -> None:
             spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                         for _ in range(busy if load == "loaded" else 0)]
             try:
+                time.sleep(0.5 if spinners else 0)  # the spinners are running when the child's policy is chosen
                 res = run_child(kind, a.steps, a.threads, wait)
             finally:
                 for p in spinners:
                     p.kill()
                     p.wait()
             results.setdefault((kind, wait, load), []).append(res)
-            print(f"round {r} {kind:<3} {wait:<7} {load:<6} threads {res['threads']}  cpu {res['cpu_s'] * 1000:7.1f} ms  "
-                  f"wall {res['wall_s'] * 1000:7.1f} ms", flush=True)
+            print(f"round {r} {kind:<3} {wait:<8} {load:<6} threads {res['threads']}  cpu {res['cpu_s'] * 1000:7.1f} ms  "
+                  f"wall {res['wall_s'] * 1000:7.1f} ms  {res['env']}", flush=True)
     print(f"\n{busy} usable CPUs, {busy} spinning processes when loaded, {os.cpu_count()} cores on the node")
     for kind, wait in itertools.product(("sft", "rl"), WAITS):
         q, ld = (statistics.median(x["cpu_s"] for x in results[(kind, wait, k)]) for k in ("quiet", "loaded"))

@@ -22,9 +22,13 @@ def env() -> None:
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # and TRL's dataset preparation's
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its links open the GenAI view: ours say where
     # OpenMP's idle threads spin ~300,000 rounds before they sleep: on a shared machine that spinning
-    # doubled a step's CPU (bench/threads.py). 10,000 keeps a quiet machine's speed. Read when torch
-    # loads, so set here, before any stage imports it; the processes a stage starts inherit it.
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    # doubled a step's CPU (bench/threads.py). Sleep at once where the CPUs are already busy, spin
+    # 10,000 rounds where they are not (cpus.omp_wait_env). Read when torch loads, so set here,
+    # before any stage imports it; the processes a stage starts inherit it. The user's setting wins.
+    if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
+        from hindsight.cpus import omp_wait_env
+
+        os.environ.update(omp_wait_env())
     import warnings
 
     # TRL 1.16's own configs set the argument transformers 5 renamed: not the user's to fix

@@ -11,6 +11,7 @@ from flows.sft import sft_flow
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.fsutil import atomic_write_bytes
+from hindsight.progress import Ticker
 from hindsight.stage import model_name
 from hindsight.config.sweep import SweepConfig, rank, trial_config, trial_id, trial_params
 import tracking
@@ -69,14 +70,16 @@ def _run_trials(sweep: SweepConfig, trials: list[PipelineConfig], parent: str, s
                 "cfg": cfg, "trial": trial_id(i), "params": params[i], "parent_run_id": parent,
                 "metric": sweep.metric, "cache_key": key, **where}))
         results = []
-        for i, fut in enumerate(futures):
-            state = fut.wait() or fut.state
-            if state.is_completed():
-                results.append(fut.result())
-            else:
-                err = state.result(raise_on_failure=False)
-                say(f"trial {trial_id(i)} failed: {err}")
-                results.append({"trial": trial_id(i), **params[i], "status": "failed", "error": str(err)})
+        with Ticker(f"sweep {sweep.name}", len(futures), "trials finished", every_s=30.0) as ticker:
+            for i, fut in enumerate(futures):
+                state = fut.wait() or fut.state
+                if state.is_completed():
+                    results.append(fut.result())
+                else:
+                    err = state.result(raise_on_failure=False)
+                    say(f"trial {trial_id(i)} failed: {err}")
+                    results.append({"trial": trial_id(i), **params[i], "status": "failed", "error": str(err)})
+                ticker.update(len(results))
     return results
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger("hindsight")
@@ -101,3 +102,34 @@ def set_stage_threads(setting: int | None) -> int:
                  f"{os.cpu_count()} cores on the node; affinity and the cgroup quota allow {threads}")
         torch.set_num_threads(threads)
     return threads
+
+
+def runnable_threads(samples: int = 5, interval_s: float = 0.02, stat: Path = Path("/proc/stat")) -> int | None:
+    """The node's runnable threads now, less this one: the median of a few reads of
+    `procs_running` (the load average lags a minute behind, too late for a process's start).
+    None where /proc/stat is not there (macOS)."""
+    counts = []
+    for i in range(samples):
+        try:
+            line = next(ln for ln in stat.read_text().splitlines() if ln.startswith("procs_running"))
+        except (OSError, StopIteration):
+            return None
+        counts.append(max(int(line.split()[1]) - 1, 0))
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return sorted(counts)[len(counts) // 2]
+
+
+def omp_wait_env(busy: int | None = None, cpus: int | None = None) -> dict[str, str]:
+    """How OpenMP's idle threads wait, chosen at a process's start (before torch loads).
+
+    libgomp's default spins ~300,000 rounds between parallel regions; beside busy processes that
+    spinning doubled a step's CPU (bench/threads.py). On a machine whose usable CPUs are already
+    taken, threads sleep at once (`OMP_WAIT_POLICY=PASSIVE`: 0.86x SFT, 0.82x RL loaded); on a
+    quiet one they spin 10,000 rounds (`GOMP_SPINCOUNT=10000`), which keeps its speed where
+    PASSIVE cost 1.5-1.9x the wall time."""
+    busy = runnable_threads() if busy is None else busy
+    cpus = usable_cpus() if cpus is None else cpus
+    if busy is not None and busy >= cpus:
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    return {"GOMP_SPINCOUNT": "10000"}

@@ -168,12 +168,16 @@ def _probe(model, device, prompt: int, completion: int, most_rows: int) -> list[
     probing (the line is drawn through those before it; none: no row fits)."""
     from hindsight.learning.oom import is_out_of_memory
 
-    points = []
+    from hindsight.progress import Ticker
+
+    points, sizes = [], [r for r in PROBE_ROWS if r <= max(most_rows, 2)]
     try:
-        _probe_rows(model, 1, prompt, completion, seed=0)  # gradients allocated before anything is measured
-        for rows in (r for r in PROBE_ROWS if r <= max(most_rows, 2)):
-            peak = measure_peak(device, lambda n=rows: _probe_rows(model, n, prompt, completion, seed=n))
-            points.append((rows * (prompt + completion), peak))
+        with Ticker("auto budget", len(sizes), "probes") as ticker:  # a 7B model's probe takes a while
+            _probe_rows(model, 1, prompt, completion, seed=0)  # gradients allocated before anything is measured
+            for rows in sizes:
+                peak = measure_peak(device, lambda n=rows: _probe_rows(model, n, prompt, completion, seed=n))
+                points.append((rows * (prompt + completion), peak))
+                ticker.update(len(points))
     except Exception as exc:  # noqa: BLE001  (only running out of memory ends the probing; the rest re-raise)
         if not is_out_of_memory(exc):
             raise

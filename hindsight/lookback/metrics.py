@@ -111,6 +111,8 @@ def recorded_name(name: str) -> str:
     """The name a step's metric is recorded under: bookkeeping under runtime/, the update's own
     statistics (kl, entropy, loss, grad_norm, clip_fraction, ratio_mean ...) under policy/."""
     head = name.partition("/")[0]
+    if head == "runtime":  # already recorded
+        return name
     if head in RUNTIME or name in RUNTIME_NAMES:
         return f"runtime/{name}"
     if head in WATCHED:

@@ -99,9 +99,8 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import", s
     """De-quantize `src` into the plain Hugging Face folder `out` (written whole, or not at all);
     `sha` is the file's sha256 when the caller has it already. `out` must be new, empty, or an
     intact earlier import; `cache`: it is hindsight's own cache folder, replaced whatever it holds."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from hindsight.fsutil import atomic_dir, file_sha256
+    from hindsight.progress import working
 
     src, out = Path(src).expanduser().resolve(), Path(out)
     if not is_gguf(src):
@@ -111,15 +110,8 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import", s
         raise ConfigError(f"{field}: {out} already holds files that are not an intact model import (only an earlier "
                           f"import whose record matches its files, file by file, is replaced); name a new folder")
     log.info("importing %s (de-quantizing to float32, once)", src)
-    try:
-        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-        quantized = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
-    except Exception as exc:  # not a GGUF, a GGUF of no model transformers reads, a truncated file
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise CheckpointError(f"{field}: {src} is not a GGUF model transformers can read "
-                              f"({type(exc).__name__}: {first})") from None
-    model = plain_copy(quantized)
-    del quantized
+    with working(f"importing {src.name}: de-quantizing to float32"):  # minutes for a 7B file, in transformers
+        model, tok = _dequantize(src, field)
 
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -130,8 +122,23 @@ def import_gguf(src: str | Path, out: str | Path, field: str = "model import", s
 
     if out.exists():
         shutil.rmtree(out)
-    atomic_dir(out, fill)
+    with working(f"importing {src.name}: writing {out}"):
+        atomic_dir(out, fill)
     return out
+
+
+def _dequantize(src: Path, field: str):
+    """The GGUF's model in float32 (a plain copy, savable) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        quantized = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+    except Exception as exc:  # not a GGUF, a GGUF of no model transformers reads, a truncated file
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"{field}: {src} is not a GGUF model transformers can read "
+                              f"({type(exc).__name__}: {first})") from None
+    return plain_copy(quantized), tok
 
 
 def plain_copy(model):

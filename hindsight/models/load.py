@@ -32,8 +32,11 @@ from hindsight.models.source import MODEL_CACHE, resolve_model_path, resolve_mod
 def _loading(path: str, what: str, load):
     """from_pretrained fails in many ways (missing files, truncated safetensors, offline hub);
     each becomes one error naming the path."""
+    from hindsight.progress import working
+
     try:
-        return load()
+        with working(f"loading {what} from {path}"):  # a 7B model's load takes minutes: say it is alive
+            return load()
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise CheckpointError(f"{path}: cannot load {what} ({type(exc).__name__}: {first})") from exc

@@ -30,13 +30,14 @@ def greedy_answers(model, tok, prompts: list[str], max_new_tokens: int,
     """(answer texts, their token ids) for each prompt."""
     texts: list[str] = []
     ids: list[list[int]] = []
-    ticker = Ticker("eval", len(prompts), "answered")  # a line per batch that took 5 s or more
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        exp = sample_groups(model, tok, chunk, [0] * len(chunk), 1, max_new_tokens, temperature=0.0, logprobs="decode")
-        texts.extend(tok.batch_decode(exp.completion_ids, skip_special_tokens=True))
-        ids.extend(row[m.bool()].tolist() for row, m in zip(exp.completion_ids, exp.completion_mask))
-        ticker.update(len(texts))
+    with Ticker("eval", len(prompts), "answered") as ticker:  # beats within a batch too (8 prompts, one batch)
+        for i in range(0, len(prompts), batch_size):
+            chunk = prompts[i:i + batch_size]
+            exp = sample_groups(model, tok, chunk, [0] * len(chunk), 1, max_new_tokens, temperature=0.0,
+                                logprobs="decode")
+            texts.extend(tok.batch_decode(exp.completion_ids, skip_special_tokens=True))
+            ids.extend(row[m.bool()].tolist() for row, m in zip(exp.completion_ids, exp.completion_mask))
+            ticker.update(len(texts))
     return texts, ids
 
 
@@ -50,11 +51,11 @@ def greedy_trajectories(model, tok, rows: list[dict], max_new_tokens: int, multi
     s = TurnSettings(max_turns=multi_turn.max_turns, max_tokens=multi_turn.max_tokens, max_new_tokens=max_new_tokens,
                      temperature=0.0, parser=multi_turn.parser, concurrency=multi_turn.concurrency)
     episodes, trajs = episode_factory(multi_turn), []
-    ticker = Ticker("eval", len(rows), "played")
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i:i + batch_size]
-        trajs += run_trajectories(model, tok, chunk, [0] * len(chunk), 1, s, episodes)[0]
-        ticker.update(len(trajs))
+    with Ticker("eval", len(rows), "played") as ticker:
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i:i + batch_size]
+            trajs += run_trajectories(model, tok, chunk, [0] * len(chunk), 1, s, episodes)[0]
+            ticker.update(len(trajs))
     ids = [[x for x, a in zip(t.ids, t.action) if a] for t in trajs]
     return [t.final_text for t in trajs], ids, {"env_reward": [t.env_reward for t in trajs]}
 

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -130,7 +131,9 @@ def test_bad_input_gives_one_clear_error_and_no_partial_state(row, ws, tmp_path,
     uri = ws.env["MLFLOW_TRACKING_URI"]
     before, versions, runs = _files(tmp_path), _versions(uri), _runs(uri) if c.starts_no_run else None
 
+    t0 = time.perf_counter()
     result = ws.forked.run(c.args, tmp_path) if not c.env else _hindsight(c.args, tmp_path, env)
+    print(f"time to the error: {row}: {time.perf_counter() - t0:.1f} s")  # reported, never asserted (-s shows it)
 
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1, result.stderr[-3000:]

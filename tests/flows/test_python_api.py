@@ -3,8 +3,8 @@
 - from a script with no `if __name__ == "__main__":` guard and no PREFECT_API_URL: it starts
   the shared local Prefect server itself, and the reward worker (process isolation) does not
   re-import the script, which would start the training a second time;
-- from a notebook-style caller: code with no `__main__` file, called while an asyncio event loop
-  runs (as in a Jupyter cell);
+- from a notebook: cells run by a real Jupyter kernel (ipykernel, driven by nbclient), whose
+  `__main__` is no file and whose event loop is running while a cell runs;
 - a bad config is raised as hindsight's ConfigError, naming the file and line.
 """
 import os
@@ -23,21 +23,11 @@ result = hindsight.run("rl", "api.yaml", overrides=["rl.steps=2"])
 print("RESULT", result.model, result.version, round(result.eval_accuracy, 3), flush=True)
 """
 
-NOTEBOOK = """
-import asyncio
-import hindsight
-from hindsight.errors import ConfigError
-
-async def cell():  # Jupyter runs a cell's code while its event loop is running
-    return hindsight.run("rl", "api.yaml")
-
-result = asyncio.run(cell())
-print("RESULT", result.model, result.version, flush=True)
-try:
-    hindsight.run("rl", "broken.yaml")
-except ConfigError as exc:
-    print("ERROR", exc, flush=True)
-"""
+CELLS = [
+    "import hindsight\nfrom hindsight.errors import ConfigError",
+    'result = hindsight.run("rl", "api.yaml")\nprint("RESULT", result.model, result.version)',
+    'try:\n    hindsight.run("rl", "broken.yaml")\nexcept ConfigError as exc:\n    print("ERROR", exc)',
+]
 
 
 def _env(tmp_path, **extra):
@@ -62,13 +52,18 @@ def test_a_script_without_a_main_guard_or_a_server(tiny_init, tmp_path):
     assert "started a local Prefect server at http://127.0.0.1:" in res.stderr
 
 
-def test_a_notebook_style_call_and_a_bad_config(tiny_init, tmp_path):
+def test_a_notebook_and_a_bad_config(tiny_init, tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
     work, init = tiny_init
     write(tmp_path / "api.yaml", rl_only("nb", work / "data", init))
     (tmp_path / "broken.yaml").write_text("name: nb\nrl:\n  stepz: 2\n")  # a mistyped key
-    res = subprocess.run([sys.executable, "-c", NOTEBOOK], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
-                         text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    assert "RESULT nb-policy 1" in res.stdout, res.stdout[-2000:]
-    error = next(line for line in res.stdout.splitlines() if line.startswith("ERROR"))
+    for key, value in _env(tmp_path).items():  # the kernel inherits the test's environment
+        monkeypatch.setenv(key, value)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    out = "".join(o.get("text", "") for cell in nb.cells for o in cell.outputs if o.output_type == "stream")
+    assert "RESULT nb-policy 1" in out, out[-3000:]
+    error = next(line for line in out.splitlines() if line.startswith("ERROR"))
     assert "broken.yaml:3:" in error and "rl.stepz" in error, error

@@ -57,3 +57,26 @@ def test_the_setting_overrides_and_the_default_is_the_usable_cpus(monkeypatch):
         assert cpus.set_stage_threads(3) == 3 and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_threads_sleep_at_once_where_the_cpus_are_already_busy(tmp_path):
+    from hindsight.cpus import omp_wait_env, runnable_threads
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nprocs_running 3\nprocs_blocked 0\n")
+    assert runnable_threads(samples=3, interval_s=0, stat=stat) == 2  # this process's own thread is not other work
+    assert runnable_threads(stat=tmp_path / "missing") is None
+    assert omp_wait_env(busy=2, cpus=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert omp_wait_env(busy=1, cpus=2) == {"GOMP_SPINCOUNT": "10000"}
+    assert omp_wait_env(busy=None, cpus=2) == {"GOMP_SPINCOUNT": "10000"}  # unknown: a quiet machine's choice
+
+
+def test_a_command_keeps_the_users_openmp_setting(monkeypatch):
+    import os
+
+    from cli import runtime
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    runtime.env()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ

@@ -99,12 +99,13 @@ def test_resume_restores_the_saved_rng_state(tmp_path):
 
 def test_a_changed_lr_takes_effect_on_resume_and_an_alert_factor_stays_a_multiplier(tmp_path):
     from hindsight.coordination.run import RLRun
+    from hindsight.lookback.metrics import recorded
 
     init = tiny_init(tmp_path)
     lower = [{"rule": "kl_high", "threshold": -1.0, "window": 1, "action": "lower_lr", "factor": 0.5}]
     run = RLRun(rl_cfg(tmp_path, save_every=1, lr=1e-3, alerts=lower), init, None)
     run.rollout(0), run.score(0)
-    metrics = run.update(0)
+    metrics = recorded(run.update(0))  # the names the flow records and the alerts read
     run.observe(1, metrics)  # kl > -1 always: the rule fires once and halves the rate
     assert run.learner.optimizer.param_groups[0]["lr"] == 5e-4
     run.checkpoint(1)

@@ -44,3 +44,48 @@ def test_a_ticker_prints_only_when_work_is_slow(monkeypatch):
     clock[0] = 13.0
     ticker.update(192)  # within 5 s of the last line: nothing
     assert lines == ["eval: 128/200 answered (12s, eta 7s)"]
+
+
+def test_a_ticker_beats_while_one_long_batch_runs(monkeypatch):
+    """SmolLM2's 8 eval prompts are one batch of 8 minutes: the beat says the run is alive meanwhile."""
+    import threading
+
+    import hindsight.progress as progress
+
+    lines, printed = [], threading.Event()
+
+    class Console:
+        def print(self, text, **kw):
+            lines.append(text)
+            printed.set()
+
+    monkeypatch.setattr("hindsight.console.console", lambda: Console())
+    with progress.Ticker("eval", 8, "answered", every_s=0.2, fancy=False):
+        assert printed.wait(10)  # no update came: the beat printed
+    assert lines[0].startswith("eval: 0/8 answered (") and "eta" not in lines[0]
+    lines.clear()
+    with progress.working("loading model from /m", every_s=0.2):
+        printed.clear()
+        assert printed.wait(10)
+    assert lines[0].startswith("loading model from /m: still working (")
+
+
+def test_quick_work_prints_nothing_and_a_terminal_gets_a_bar_that_goes_away(monkeypatch):
+    import io
+
+    import hindsight.progress as progress
+
+    buf = io.StringIO()
+    monkeypatch.setattr("hindsight.console.console", lambda: Console(file=buf, force_terminal=True, width=100))
+    with progress.Ticker("eval", 8, "answered", every_s=60.0, fancy=False) as t:
+        t.update(8)
+    assert buf.getvalue() == ""  # quick: nothing at all
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    t = progress.Ticker("auto budget", 4, "probes", every_s=5.0, fancy=True)
+    clock[0] = 6.0
+    t.update(2)
+    assert t._bar is not None
+    t.update(3)
+    t.close()
+    assert "auto budget" in buf.getvalue() and t._bar is None
