@@ -102,7 +102,7 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: P
         if done % cfg.rl.eval_every == 0 or done == cfg.rl.steps:
             metrics["eval/accuracy"] = _evaluate(cfg, key, run_id, done)
         if out.get("replay/ids"):
-            tracking.log_json(cfg, run_id, {"step": step, "ids": out["replay/ids"]}, f"replay/step-{step:06d}.json")
+            tracking.log_json(cfg, run_id, {"step": done, "ids": out["replay/ids"]}, f"replay/step-{done:06d}.json")
         metrics.update(run_curves(get_run(key).monitor.history + [{"step": done, **metrics}],
                                   cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt, cfg.lookback.curve_min_points,
                                   cfg.rl.steps))

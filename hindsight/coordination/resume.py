@@ -8,10 +8,11 @@ import os
 import time
 from pathlib import Path
 
+from hindsight.errors import CheckpointError
 from hindsight.state.fingerprint import Changes, check_resume, compare
 from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.lookback.history import read_rows
-from hindsight.state.rundir import RLDir
+from hindsight.state.rundir import RLDir, step_of
 
 log = logging.getLogger("hindsight.coordination.resume")
 
@@ -21,6 +22,7 @@ def prepare_resume(paths: RLDir, fingerprint: dict, start: int, steps: int) -> C
     Refuses sampling and algorithm changes; a scoring change moves the score shards of the steps
     still to train aside (they are scored again); a training change is logged. Then the config's
     fingerprint is what is stored: it is on disk before the run's first shard."""
+    _refuse_old_numbering(paths)
     stored = read_json(paths.fingerprint, default=None)
     if stored and start == 0 and not _holds_samples(paths):
         stored = None  # an attempt that failed before its first sample: nothing to resume, nothing changed
@@ -39,6 +41,16 @@ def prepare_resume(paths: RLDir, fingerprint: dict, start: int, steps: int) -> C
     return changes
 
 
+def _refuse_old_numbering(paths: RLDir) -> None:
+    """Step files are numbered from 1 (`rundir.step_file`); a folder written when they were
+    numbered from 0 has a `step-000000` file, and read now its shards would train on the wrong step."""
+    old = [f for f in (paths / "rollouts" / "step-000000.parquet", paths.scores / "step-000000.parquet",
+                       paths.ledger / "step-000000.json") if f.exists()]
+    if old:
+        raise CheckpointError(f"{paths.path}: written by an older hindsight that numbered step files from 0 ({old[0]}); "
+                              f"it cannot be resumed: rerun with --force to retrain it, or use another run_dir")
+
+
 def _holds_samples(paths: RLDir) -> bool:
     """Whether the folder holds anything a changed fingerprint would make stale: a stored rollout
     or score (shards or parts) or a checkpoint."""
@@ -51,7 +63,7 @@ def _set_scores_aside(paths: RLDir, start: int) -> int:
     target = paths.rescored / time.strftime("%Y%m%d-%H%M%S")
     moved = 0
     for shard in sorted(paths.scores.glob("step-*.parquet")):
-        if int(shard.stem.split("-")[1]) >= start:
+        if step_of(shard.name) >= start:
             (target / "scores").mkdir(parents=True, exist_ok=True)
             os.replace(shard, target / "scores" / shard.name)
             moved += 1

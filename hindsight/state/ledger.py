@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hindsight.errors import CheckpointError, StorageError
 from hindsight.fsutil import append_record
-from hindsight.state.rundir import RLDir
+from hindsight.state.rundir import RLDir, step_file, step_of
 
 STATES = ("pending", "leased", "sealed", "scored", "trained")
 # the transitions the coordinator may make; leased -> pending is a lease taken back
@@ -45,7 +45,7 @@ class Ledger:
         self._seen: dict[int, tuple[tuple, dict]] = {}  # step -> (file identity, its newest state)
 
     def path(self, step: int) -> Path:
-        return self.root / f"step-{step:06d}.json"
+        return self.root / f"{step_file(step)}.json"
 
     def read(self, step: int) -> dict[int, Entry]:
         return {int(g): Entry(**e) for g, e in self._state(step).items()}
@@ -129,7 +129,7 @@ class Ledger:
         self._seen.pop(step, None)
 
     def steps(self) -> list[int]:
-        return sorted(int(p.stem.split("-")[1]) for p in self.root.glob("step-*.json")) if self.root.exists() else []
+        return sorted(step_of(p.name) for p in self.root.glob("step-*.json")) if self.root.exists() else []
 
     def roll_back_after(self, step: int) -> None:
         """On resume from the checkpoint at `step`: groups of later steps were trained into weights

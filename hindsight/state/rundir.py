@@ -335,3 +335,14 @@ class RunContext:
     def cache_for(self, name: str) -> str:
         """The folder a reward or tool named `name` keeps its cache in."""
         return str(Path(self.cache_dir) / name)
+
+
+def step_file(step: int) -> str:
+    """The name a step's files carry: numbered from 1, as the console, MLflow and the reports
+    count steps, while the code's step index starts at 0 (index 0 is `step-000001`)."""
+    return f"step-{step + 1:06d}"
+
+
+def step_of(name: str) -> int:
+    """The step index of a `step-NNNNNN...` file name (`step_file`'s inverse)."""
+    return int(name.split(".")[0].split("-")[1]) - 1

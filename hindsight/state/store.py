@@ -26,11 +26,13 @@ import pyarrow.parquet as pq
 
 from hindsight.errors import StorageError
 from hindsight.fsutil import atomic_write_bytes, remove_dead_temporaries
+from hindsight.state.rundir import step_file
 
 log = logging.getLogger("hindsight.state.store")
 
 COMPONENTS = ("rollouts", "scores", "advantages")
 _SHARD = re.compile(r"^step-(\d{6})\.parquet$")
+
 _BATCH = re.compile(r"^batch-(\d{5})-(\d{5})\.parquet$")
 _CACHED_FILES = 8  # a step's parts and shards: what its next phase reads back (rows as lists cost memory)
 
@@ -50,7 +52,7 @@ class RolloutStore:
 
     def path(self, component: str, step: int) -> Path:
         assert component in COMPONENTS, component
-        return self.root / component / f"step-{step:06d}.parquet"
+        return self.root / component / f"{step_file(step)}.parquet"
 
     def has(self, component: str, step: int) -> bool:
         return self.path(component, step).exists()
@@ -60,7 +62,7 @@ class RolloutStore:
         if not folder.exists():
             return []
         found = (_SHARD.match(p.name) for p in folder.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        return sorted(int(m.group(1)) - 1 for m in found if m)
 
     def write(self, component: str, step: int, rows: list[dict]) -> Path:
         return self._write(self.path(component, step), rows, checksum=True)
@@ -110,7 +112,7 @@ class RolloutStore:
         return self._part_dir(component, step) / f"group-{group:05d}.parquet"
 
     def _part_dir(self, component: str, step: int) -> Path:
-        return self.root / "parts" / component / f"step-{step:06d}"
+        return self.root / "parts" / component / step_file(step)
 
     def _part_files(self, component: str, step: int) -> tuple[set[str], dict[Path, tuple[int, int]]]:
         """One listing of the step's part folder: every file name, and the batch parts

@@ -145,7 +145,7 @@ def test_worker_killed_mid_rl_then_the_flow_run_is_retried_and_resumes(ws, prefe
                                  order_by=["attributes.start_time DESC"])
     resumed = int(rl_runs[0].data.tags["hindsight.resumed_from_step"])
     assert resumed >= killed_at  # the RL stage resumed from what the killed run stored
-    assert (work / "runs/killed/rl/rollouts/step-000003.parquet").exists()
+    assert (work / "runs/killed/rl/rollouts/step-000004.parquet").exists()
 
 
 def test_kubernetes_pool_accepts_the_gpu_job_template_and_renders_it(ws, prefect_api):

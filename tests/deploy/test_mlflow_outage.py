@@ -100,6 +100,6 @@ def _every_trace_arrived(url: str, run, rl_dir: Path) -> None:
     assert len({t.info.trace_id for t in traces}) == len(traces)
     for t in train:
         step, index = int(t.info.tags["hindsight.step"]), int(t.info.tags["hindsight.index"])
-        scores = pq.read_table(rl_dir / f"scores/step-{step - 1:06d}.parquet").to_pylist()
+        scores = pq.read_table(rl_dir / f"scores/step-{step:06d}.parquet").to_pylist()
         feedback = {a.name: a.value for a in t.info.assessments}
         assert feedback["reward"] == next(s["reward"] for s in scores if s["index"] == index)

@@ -604,7 +604,7 @@ def _(ws, tmp):
 @case("disk-full")
 def _(ws, tmp):
     cfg = base_config(ws, tmp / "run")
-    return Case(rl_args(write_config(tmp, cfg)), {"HINDSIGHT_FAULT": "disk_full:rollouts/step-000001"},
+    return Case(rl_args(write_config(tmp, cfg)), {"HINDSIGHT_FAULT": "disk_full:rollouts/step-000002"},
                 keeps_state=True)
 
 

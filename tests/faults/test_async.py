@@ -104,7 +104,7 @@ def test_an_async_run_killed_at_random_points_ends_where_an_uninterrupted_one_do
     _, rc = _drive(cut_cfg, init, {"HINDSIGHT_FAULT": "update:4"})
     assert rc == -signal.SIGKILL
     store = tmp_path / "cut" / "rl" / "rollouts"
-    assert (store / "step-000005.parquet").exists()
+    assert (store / "step-000006.parquet").exists()
     rng = random.Random(12)
     for _ in range(2):  # then kills at random moments (start-up included)
         _drive(cut_cfg, init, kill_after=rng.uniform(1.0, 8.0))

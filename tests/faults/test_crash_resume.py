@@ -63,10 +63,10 @@ def _assert_store_complete(work, run_dir):
     rl = work / "runs" / run_dir / "rl"
     for comp in ("rollouts", "scores"):
         files = sorted(p.name for p in (rl / comp).iterdir())
-        shards = [f"step-{s:06d}.parquet" for s in range(STEPS)]
+        shards = [f"step-{s + 1:06d}.parquet" for s in range(STEPS)]  # numbered from 1
         assert files == sorted(shards + [f"{n}.sha256" for n in shards]), files  # no gap, no duplicate, no temp
         for s in range(STEPS):
-            assert set(pq.read_table(rl / comp / f"step-{s:06d}.parquet").column("step").to_pylist()) == {s}
+            assert set(pq.read_table(rl / comp / f"step-{s + 1:06d}.parquet").column("step").to_pylist()) == {s}
 
 
 @pytest.mark.parametrize("fault", ["rollout:3", "score:3", "update:3", "checkpoint:4"])
@@ -91,10 +91,10 @@ def test_resume_trains_on_shards_newer_than_the_weights(workspace):
     assert crashed.returncode == -9
     rl = work / "runs" / "seed-case" / "rl"
     assert (rl / "checkpoints" / "manifest.json").read_text().count('"step": 2') == 1
-    stored = {s: (rl / "rollouts" / f"step-{s:06d}.parquet").stat().st_ino for s in (2, 3)}
+    stored = {s: (rl / "rollouts" / f"step-{s + 1:06d}.parquet").stat().st_ino for s in (2, 3)}
     assert _run(work, env, "seed-case").returncode == 0
     # the same files (same inodes): steps 2 and 3 were trained on, not sampled again
-    assert {s: (rl / "rollouts" / f"step-{s:06d}.parquet").stat().st_ino for s in (2, 3)} == stored
+    assert {s: (rl / "rollouts" / f"step-{s + 1:06d}.parquet").stat().st_ino for s in (2, 3)} == stored
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])

@@ -55,14 +55,14 @@ def workspace(tmp_path_factory):
 
 def _rows(work, run_dir):
     rl = work / "runs" / run_dir / "rl"
-    return [r for s in range(STEPS) for r in pq.read_table(rl / "rollouts" / f"step-{s:06d}.parquet").to_pylist()]
+    return [r for s in range(STEPS) for r in pq.read_table(rl / "rollouts" / f"step-{s + 1:06d}.parquet").to_pylist()]
 
 
 def test_sigkill_mid_trajectories_then_rerun_ends_where_an_uninterrupted_run_ends(workspace):
     work, env = workspace
     crashed = run_rl_killable(work, env, "rl.yaml", "killed", "rollout-group1:2")
     assert crashed.returncode == -9, crashed.stdout[-2000:]
-    parts = list((work / "runs/killed/rl/parts/rollouts/step-000002").glob("*.parquet"))
+    parts = list((work / "runs/killed/rl/parts/rollouts/step-000003").glob("*.parquet"))
     assert parts, "the kill came after some of step 2's trajectories were stored"
     resumed = run_rl_killable(work, env, "rl.yaml", "killed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -121,8 +121,8 @@ def _traces_hold_the_stored_trajectories(uri: str, run_id: str, rl_dir: Path):
     assert len(train) == 8 and len(evals) == 8, (len(train), len(evals))
     assert sorted({t.info.tags["hindsight.step"] for t in evals}) == ["0", "2"]
     for shard in (0, 1):
-        rows = pq.read_table(rl_dir / f"rollouts/step-{shard:06d}.parquet").to_pylist()
-        scores = {s["index"]: s for s in pq.read_table(rl_dir / f"scores/step-{shard:06d}.parquet").to_pylist()}
+        rows = pq.read_table(rl_dir / f"rollouts/step-{shard + 1:06d}.parquet").to_pylist()
+        scores = {s["index"]: s for s in pq.read_table(rl_dir / f"scores/step-{shard + 1:06d}.parquet").to_pylist()}
         for r in rows:
             t = train[r["index"] + 100 * (shard + 1)]
             kinds = [(s.span_type, s.name.split(" ")[0]) for s in t.data.spans if s.parent_id is not None]

@@ -74,7 +74,7 @@ def test_rollouts_are_persisted_between_tasks(smoke_run):
     rl_dir = work / "runs" / "smoke" / "rl"
     for comp in ("rollouts", "scores"):
         assert sorted(p.name for p in (rl_dir / comp).glob("*.parquet")) == \
-            [f"step-{i:06d}.parquet" for i in range(4)]
+            [f"step-{i:06d}.parquet" for i in range(1, 5)]
 
 
 def test_rerun_reuses_cached_stages_and_rl_alone_resolves_registry(smoke_run):

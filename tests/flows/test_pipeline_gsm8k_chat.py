@@ -66,7 +66,7 @@ def test_qwen2_chatml_on_gsm8k_format_data_end_to_end(tmp_path):
     assert "look-back failed" not in said and "warning: SFT trained on" not in said  # formats agree: no warning
 
     # the rollouts are conversational: the system turn, the wrapped question, the assistant's turn opened
-    rollouts = pq.read_table(tmp_path / "runs/gsm-chat/rl/rollouts/step-000000.parquet").to_pylist()
+    rollouts = pq.read_table(tmp_path / "runs/gsm-chat/rl/rollouts/step-000001.parquet").to_pylist()
     assert all(r["conversational"] for r in rollouts)
     assert all(r["prompt"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nAnn has")
                and r["prompt"].endswith("<|im_start|>assistant\n") for r in rollouts)

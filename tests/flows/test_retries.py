@@ -75,7 +75,7 @@ def test_transient_failure_is_retried_and_visible_in_prefect_and_mlflow(work, pr
     assert [r.data.tags["hindsight.attempt"] for r in runs] == ["1", "2"]
     assert "injected transient fault at update step 2" in runs[0].data.tags["hindsight.error"]
     assert runs[1].data.tags["hindsight.resumed_from_step"] == "2"  # the retry resumed, not restarted
-    assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(4)]
+    assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(1, 5)]
     assert client.get_model_version_by_alias(f"{name}-policy", "latest").run_id == runs[1].info.run_id
 
 
@@ -88,7 +88,7 @@ def test_permanent_failure_names_the_stage_and_the_rerun_resumes(work):
         "error: stage rl failed after 2 attempt(s): RuntimeError: injected permanent fault at update step 2")
     assert (work / "runs" / name / "rl" / "checkpoints" / "manifest.json").exists()
     stored = _shard_steps(work, name)
-    assert stored == [f"step-{s:06d}.parquet" for s in range(3)]  # step 2 was sampled before the update failed
+    assert stored == [f"step-{s:06d}.parquet" for s in range(1, 4)]  # step 2 was sampled before the update failed
 
     rerun = _rl(work, env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -96,7 +96,7 @@ def test_permanent_failure_names_the_stage_and_the_rerun_resumes(work):
     assert [r.info.status for r in runs] == ["FAILED", "FAILED", "FINISHED"]
     assert runs[-1].data.tags["hindsight.resumed_from_step"] == "2"
     assert runs[-1].data.metrics["runtime/rollout/reused"] == 1.0  # step 2's stored shard was trained on, not resampled
-    assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(4)]
+    assert _shard_steps(work, name) == [f"step-{s:06d}.parquet" for s in range(1, 5)]
 
 
 def test_a_failed_rollout_is_retried_as_its_steps_task_and_re_leases_its_work(work, prefect_api):

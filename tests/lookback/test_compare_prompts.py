@@ -48,7 +48,7 @@ def test_the_same_prompts_side_by_side_at_a_step(two_seeds):
     tmp, env = two_seeds
     res = _cli(["runs/seed0", "runs/seed1", "--step", "2", "--out", "step2.html"], tmp, env)
     assert res.returncode == 0, res.stdout + res.stderr
-    rows_a = pq.read_table(tmp / "runs/seed0/rl/rollouts/step-000001.parquet").to_pylist()
+    rows_a = pq.read_table(tmp / "runs/seed0/rl/rollouts/step-000002.parquet").to_pylist()
     want = {prompt_hash(r["prompt"]) for r in rows_a}
     page = (tmp / "step2.html").read_text()
     lined = re.findall(r'data-prompt-hash="(\w+)"', page)
@@ -56,7 +56,7 @@ def test_the_same_prompts_side_by_side_at_a_step(two_seeds):
     # every prompt seed0 sampled at step 2, seed1 sampled at step 1 or 2: each row shows both
     b_steps = {}
     for shard in (0, 1):
-        for r in pq.read_table(tmp / f"runs/seed1/rl/rollouts/step-{shard:06d}.parquet").to_pylist():
+        for r in pq.read_table(tmp / f"runs/seed1/rl/rollouts/step-{shard + 1:06d}.parquet").to_pylist():
             b_steps.setdefault(prompt_hash(r["prompt"]), set()).add(shard + 1)
     assert want <= set(b_steps)
     for h in want:

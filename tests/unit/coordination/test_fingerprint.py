@@ -55,7 +55,7 @@ def test_a_changed_reward_rescores_the_stored_rollouts(tmp_path):
     resumed = RLRun(changed, init, None)
     assert resumed.start_step == 1 and resumed.resume_changes.keys("scoring")
     assert resumed.store.has("scores", 0) and not resumed.store.has("scores", 1)  # trained steps keep their scores
-    assert len(list((resumed.dir / "rescored").glob("*/scores/step-000001.parquet"))) == 1  # moved aside, not lost
+    assert len(list((resumed.dir / "rescored").glob("*/scores/step-000002.parquet"))) == 1  # moved aside, not lost
     assert resumed.rollout(1)[1] == {"rollout/reused": 1.0}
     resumed.score(1)
     assert [s["reward"] for s in resumed.store.read("scores", 1)] == [7.0] * len(old)

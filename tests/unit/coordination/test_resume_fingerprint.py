@@ -25,7 +25,7 @@ def test_a_failed_first_attempt_is_not_a_changed_settings_resume(tmp_path):
 def test_a_folder_with_samples_still_compares_its_settings(tmp_path):
     paths = RLDir(tmp_path / "rl")
     (paths.path / "rollouts").mkdir(parents=True)
-    (paths.path / "rollouts" / "step-000000.parquet").write_bytes(b"x")
+    (paths.path / "rollouts" / "step-000001.parquet").write_bytes(b"x")
     paths.fingerprint.write_text(json.dumps(_fp("rewards.a:old", 1e-3)))
     changes = prepare_resume(paths, _fp("rewards.a:old", 1e-4), 0, 4)
     assert changes.keys("training") and not changes.keys("scoring")

@@ -32,7 +32,7 @@ def test_a_flipped_bit_in_a_stored_shard_fails_its_read(tmp_path):
     store = RolloutStore(tmp_path)
     store.write("scores", 0, [{"group": 0, "reward": 0.0}] * 64)
     _flip(store.path("scores", 0))
-    with pytest.raises(CorruptShard, match=r"scores/step-000000.parquet: sha256 .* does not match"):
+    with pytest.raises(CorruptShard, match=r"scores/step-000001.parquet: sha256 .* does not match"):
         RolloutStore(tmp_path).read("scores", 0)
     assert RolloutStore(tmp_path).check("scores", 0) is False
     assert not store.path("scores", 0).exists() and len(list((tmp_path / "corrupt" / "scores").iterdir())) == 2

@@ -89,7 +89,7 @@ def test_a_line_that_never_parses_is_a_corrupt_ledger(tmp_path):
     ledger = Ledger(tmp_path)
     ledger.path(0).parent.mkdir(parents=True)
     ledger.path(0).write_text('{"0": {"state": "lea')
-    with pytest.raises(StorageError, match=r"step-000000.json: no complete ledger state"):
+    with pytest.raises(StorageError, match=r"step-000001.json: no complete ledger state"):
         ledger.read(0)
 
 

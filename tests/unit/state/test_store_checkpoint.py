@@ -171,7 +171,7 @@ def test_merging_parts_clears_a_killed_writers_temporary_file_and_keeps_a_live_o
         store.write_part("scores", 7, g, [{"group": g, "reward": float(g)}])
     dead = subprocess.Popen(["true"])
     dead.wait()  # a pid that no longer runs
-    folder = tmp_path / "parts" / "scores" / "step-000007"
+    folder = tmp_path / "parts" / "scores" / "step-000008"
     assert folder.is_dir()
     (folder / f".batch-00000-00001.parquet.tmp-{dead.pid}").write_bytes(b"torn")
     store.merge_parts("scores", 7, [0, 1])
