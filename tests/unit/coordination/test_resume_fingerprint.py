@@ -30,3 +30,21 @@ def test_a_folder_with_samples_still_compares_its_settings(tmp_path):
     changes = prepare_resume(paths, _fp("rewards.a:old", 1e-4), 0, 4)
     assert changes.keys("training") and not changes.keys("scoring")
     assert paths.resume_changes.exists()
+
+
+def test_a_folder_whose_step_files_were_numbered_from_0_is_refused(tmp_path):
+    """Read with today's numbering, its step-000001 would be taken for the first step's samples
+    when it holds the second's: a resume would train on the wrong step."""
+    import pytest
+
+    from hindsight.errors import CheckpointError
+    from hindsight.state.store import RolloutStore
+
+    paths = RLDir(tmp_path / "rl")
+    (paths.path / "rollouts").mkdir(parents=True)
+    (paths.path / "rollouts" / "step-000000.parquet").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"numbered step files from 0 .*step-000000.parquet.*--force"):
+        prepare_resume(paths, _fp("rewards.a:old", 1e-3), 0, 4)
+    store = RolloutStore(tmp_path / "new")
+    store.write("rollouts", 0, [{"step": 0}])
+    assert store.path("rollouts", 0).name == "step-000001.parquet" and store.steps("rollouts") == [0]
