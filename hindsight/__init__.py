@@ -4,6 +4,11 @@ The RL stage's roles (rollout, scoring, learning), their coordination, state and
 prefect, mlflow or vllm at import.
 """
 
+# hindsight's top-level packages, kept here only: the stage cache hashes those a stage runs, the
+# reward loader refuses a user's folder of the same name, and a test holds pyproject.toml's
+# package list and import-linter's root packages to it
+PACKAGES = ("hindsight", "rewards", "tracking", "tasks", "flows", "cli")
+
 
 def __getattr__(name: str):
     """`hindsight.run(...)`, the Python API (cli/api.py). Looked up on first use, so importing the

@@ -6,11 +6,13 @@ import importlib
 import json
 from functools import lru_cache
 
+from hindsight import PACKAGES
 from hindsight.config import PipelineConfig
 from hindsight.stage import StageSpec, cache_key, code_version
 import tracking
 
-CODE_PACKAGES = ("hindsight", "rewards", "tasks", "flows", "tracking")  # the code a stage runs: any edit reruns it
+# the code a stage runs: any edit reruns it (the CLI's own code does not)
+CODE_PACKAGES = tuple(p for p in PACKAGES if p != "cli")
 
 
 @lru_cache(maxsize=1)

@@ -85,7 +85,6 @@ class AsyncSampler:
         threading.Thread(target=self._read, daemon=True, name="hindsight-sampler-results").start()
         self.submitted: dict[int, list[int]] = {}  # step -> groups asked for
         self.finished: dict[int, list[int]] = {}
-        self.acked: int | None = None
         self.weights = PipeSender(self._cmd, Publication(getattr(torch, spec.dtype), spec.rl.rollout.publish_full_every))
         send(self._cmd, {"kind": "start", "spec": spec.to_json()})
 
@@ -119,7 +118,6 @@ class AsyncSampler:
             if msg["kind"] == "ack":
                 if not msg["ok"]:
                     raise StageError(f"rl.async: the sampler refused weights version {msg['version']}: {msg['why']}")
-                self.acked = msg["version"]
                 continue
             self.finished[msg["step"]] = msg
         return self.finished.pop(step)

@@ -8,6 +8,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from hindsight import PACKAGES
 from hindsight.errors import RewardError
 
 
@@ -26,10 +27,6 @@ def load_reward_fn(spec: str):
     return fn
 
 
-# hindsight's own top-level packages: a user's folder of the same name cannot be imported beside them
-OUR_PACKAGES = ("rewards", "hindsight", "tracking", "tasks", "flows", "cli")
-
-
 def shadowed(spec: str, module_name: str) -> str | None:
     """When a user's module and one of hindsight's own packages want the same name (the
     design's example, `rewards/math_reward.py` beside the config, while `rewards` is hindsight's
@@ -39,7 +36,7 @@ def shadowed(spec: str, module_name: str) -> str | None:
     as a namespace package without __init__.py (an editable install's finder loses to one):
     hindsight's built-in rewards would then be the ones that vanish."""
     top, _, rest = module_name.partition(".")
-    if top not in OUR_PACKAGES or not rest:
+    if top not in PACKAGES or not rest:
         return None
     bound = sys.modules.get(top)
     if bound is not None and getattr(bound, "__file__", None) is None:  # a namespace: the user's folder won

@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from hindsight import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("hindsight", "rewards", "tracking", "tasks", "flows", "cli")
+
+
+def test_the_package_list_is_kept_in_one_place():
+    """hindsight.PACKAGES is the list; pyproject.toml's packaging and import-linter read the same."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert set(project["tool"]["importlinter"]["root_packages"]) == set(PACKAGES)
+    assert sorted(p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]) == sorted(PACKAGES)
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
@@ -102,3 +112,16 @@ def test_a_planted_circle_is_found(tmp_path):
     target.write_text(target.read_text() + "\n\ndef _late():\n    from hindsight.rollout import worker  # noqa\n")
     circles = import_circles(tmp_path)
     assert any({"hindsight.rollout.decoding", "hindsight.rollout.worker"} <= set(c) for c in circles), circles
+
+
+def test_every_core_module_sits_in_a_layer():
+    """A module left out of the core's layers contract is checked by nothing (packing once was)."""
+    import re
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    core = next(c for c in contracts if c["type"] == "layers" and any("hindsight.config" in x for x in c["layers"]))
+    named = {m for layer in core["layers"] for m in re.split(r"[|:]", layer) for m in [m.strip()] if m}
+    modules = {f"hindsight.{p.stem}" for p in (ROOT / "hindsight").glob("*.py") if p.stem != "__init__"} | \
+              {f"hindsight.{p.parent.name}" for p in (ROOT / "hindsight").glob("*/__init__.py")}
+    assert sorted(modules - named) == []

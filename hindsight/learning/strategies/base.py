@@ -23,7 +23,7 @@ from typing import Callable, ClassVar
 
 import torch
 
-from hindsight.learning.strategies.catalogue import STRATEGIES, get_strategy, register, unregister  # noqa: F401
+from hindsight.learning.strategies.catalogue import STRATEGIES, get_strategy, register  # noqa: F401
 from hindsight.learning.update import Share
 
 

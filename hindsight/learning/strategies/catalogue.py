@@ -18,10 +18,6 @@ def register(cls):
     return cls
 
 
-def unregister(name: str) -> None:
-    STRATEGIES.pop(name, None)
-
-
 def names() -> list[str]:
     return sorted(set(STRATEGIES) | set(BUILT_IN))
 

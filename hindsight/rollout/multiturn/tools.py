@@ -32,7 +32,6 @@ from hindsight.rollout.multiturn.arguments import DEFAULT_LIMITS, Limits, proble
 log = logging.getLogger("hindsight")
 ABANDONED = {"calls": 0}  # in-process calls left running past their timeout, in this process
 
-ISOLATIONS = ("sandbox", "in_process")
 RESULT_CHARS = 4000  # what a tool's answer may add to the context; the rest is cut (and said)
 
 
@@ -197,8 +196,4 @@ def _said(exc: BaseException) -> str:
     except Exception:
         return "(its message cannot be read)"
 
-
-def check_isolation(isolation: str) -> None:
-    if isolation not in ISOLATIONS:
-        raise ConfigError(f"tool isolation {isolation!r}: expected one of {', '.join(ISOLATIONS)}")
 
