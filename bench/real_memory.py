@@ -4,6 +4,11 @@ micro-batch budget, no reference model), measured in one fresh process, step by 
 
     python bench/real_memory.py
 
+It runs the measurement twice, each in a fresh process: with the log-probs computed a chunk of
+positions at a time through the output layer (`hindsight.logprobs.LOGIT_CHUNK`, the default),
+and with the whole logits held (`LOGIT_CHUNK = 0`, as before), and prints the ratio of the two
+update peaks and of the two whole-process peaks.
+
 The resident memory after the imports, after the float32 weights load (safetensors are mapped,
 so their pages count when first touched), and after a first update (the weights touched, the
 gradients and AdamW's two moments allocated, as a run holds them); then the peak above
@@ -39,9 +44,11 @@ def reset_peak() -> int:
     return status_kb("VmRSS")
 
 
-def measure() -> dict:
+def measure(chunk: int) -> dict:
     import torch
     import yaml
+
+    import hindsight.logprobs
 
     from hindsight.config import PipelineConfig
     from hindsight.data.chat import as_chat, prompt_text
@@ -53,6 +60,7 @@ def measure() -> dict:
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
+    hindsight.logprobs.LOGIT_CHUNK = chunk
     cfg = PipelineConfig.model_validate(yaml.safe_load((ROOT / "configs/examples/smollm2-reasoning.yaml").read_text()))
     rl = cfg.rl
     path = resolve_model_path(GGUF)
@@ -90,31 +98,42 @@ def measure() -> dict:
     return out
 
 
-def main() -> None:
-    if "--one" in sys.argv:
-        print(json.dumps(measure()))
-        return
-    res = subprocess.run([sys.executable, __file__, "--one"], env={**os.environ, **MALLOC}, capture_output=True,
-                         text=True)
+def run_child(chunk: int) -> dict:
+    res = subprocess.run([sys.executable, __file__, "--one", str(chunk)], env={**os.environ, **MALLOC},
+                         capture_output=True, text=True)
     if res.returncode:
         sys.exit(res.stderr[-3000:])
-    m = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if "--one" in sys.argv:
+        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]))))
+        return
+    from hindsight.logprobs import LOGIT_CHUNK
+
+    m, whole = run_child(LOGIT_CHUNK), run_child(0)
     n = m["params"]
     print(f"SmolLM2-135M-Instruct: {n / 1e6:.1f} M parameters, float32; recipe step: "
-          f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update")
+          f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update; "
+          f"logits {LOGIT_CHUNK} positions at a time")
     print(f"{'item':<44}{'GB':>8}{'B/param':>9}")
     items = [("the process after imports (torch, transformers)", m["imports"]),
              ("weights read (safetensors mmap: paged in later)", m["weights"]),
              ("weights + gradients + AdamW's two moments", m["grads_and_adamw"]),
              ("reference model (rl.kl.coef 0: none)", 0),
              ("sampling peak above that (KV cache, logits)", m["sampling_peak"]),
-             ("update peak above that (logits, activations)", m["update_peak"])]
+             ("update peak above that (logits, activations)", m["update_peak"]),
+             ("  the same with the whole logits held", whole["update_peak"])]
     for name, kb in items:
         print(f"{name:<44}{kb / 2**20:>8.2f}{kb * 1024 / n:>9.1f}")
-    print(f"{'peak resident memory of the whole process':<44}{m['total_peak'] / 2**20:>8.2f}"
-          f"{m['total_peak'] * 1024 / n:>9.1f}")
+    for name, peak in (("peak resident memory of the whole process", m["total_peak"]),
+                       ("  the same with the whole logits held", whole["total_peak"])):
+        print(f"{name:<44}{peak / 2**20:>8.2f}{peak * 1024 / n:>9.1f}")
     held = m["weights"] + m["grads_and_adamw"]
     print(f"ratio held_bytes_per_param: {held * 1024 / n:.1f} (weights, gradients and AdamW; 16 is float32's floor)")
+    print(f"ratio update_peak chunked/whole: {m['update_peak'] / whole['update_peak']:.3f}")
+    print(f"ratio total_peak chunked/whole: {m['total_peak'] / whole['total_peak']:.3f}")
 
 
 if __name__ == "__main__":

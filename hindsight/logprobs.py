@@ -1,10 +1,11 @@
 """Per-token log-probabilities and entropies of completions under a causal LM."""
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from hindsight.experience import Experience, lengths, micro_batches, trimmed
 from hindsight.packing import pack, unpack, worth_packing
@@ -14,6 +15,10 @@ from hindsight.packing import pack, unpack, worth_packing
 # (FSDP2 gathers each layer's weights): the shared-prompt path, which runs a different number of
 # forwards on different rows, is then not taken
 COLLECTIVE_FORWARD = "_hindsight_collective_forward"
+# completion tokens whose logits are held at once (`hidden_out`): 1,024 x a 49,152 vocabulary is
+# 0.2 GB in float32, where a 2,048-token micro-batch's whole logits were 0.4 GB a copy; 0: whole
+LOGIT_CHUNK = 1024
+_CHUNK_EXACT = "_hindsight_chunk_exact"  # a model's `_chunk_exact` verdict, found once
 
 
 def compute_autocast(model):
@@ -45,11 +50,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """
     dev = model_device(model)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
-    with compute_autocast(model):
+    with compute_autocast(model), hidden_out(model) as head:
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
                     use_cache=False, **keep_logits(model, n_completion + 1))
-    return _from_logits(out.logits[:, -n_completion - 1:-1, :], input_ids[:, -n_completion:], temperature,
-                        with_entropy, entropy_grad)
+    return _stats(model, head, out.logits[:, -n_completion - 1:-1, :], input_ids[:, -n_completion:], temperature,
+                  with_entropy, entropy_grad)
 
 
 def keep_logits(model, keep: int | torch.Tensor) -> dict:
@@ -82,6 +87,87 @@ def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float
         with torch.no_grad():
             return logp, -(logsm.exp() * logsm).sum(-1)                                      # (B, T)
     return logp, -(logsm.exp() * logsm).sum(-1)                                              # (B, T)
+
+
+def _stats(model, head, x: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+           entropy_grad: bool):
+    """`_from_logits` of x, the logits (B, T, V), or with `head` the final hidden states (B, T, H)."""
+    if head is None:
+        return _from_logits(x, targets, temperature, with_entropy, entropy_grad)
+    return _from_hidden(model, head, x, targets, temperature, with_entropy, entropy_grad)
+
+
+def _from_hidden(model, head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                 entropy_grad: bool):
+    """hidden (B, T, H), targets (B, T) -> what `_from_logits(head(hidden), ...)` gives, LOGIT_CHUNK
+    positions at a time. Under autograd each chunk is checkpointed: its logits are recomputed in
+    the backward, so at most one chunk's (C, V) logits and their softmax are alive at once."""
+    b, t, _ = hidden.shape
+    flat, goal = hidden.reshape(b * t, -1), targets.reshape(b * t)                            # (N, H), (N,)
+
+    def chunk(h: torch.Tensor, y: torch.Tensor):                                             # (C, H), (C,)
+        with compute_autocast(model):
+            logits = head(h)                                                                  # (C, V)
+        logp, entropy = _from_logits(logits.unsqueeze(0), y.unsqueeze(0), temperature, with_entropy, entropy_grad)
+        return logp[0], (logp[0] if entropy is None else entropy[0])                          # (C,), (C,)
+
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
+    for s in range(0, b * t, LOGIT_CHUNK):
+        h, y = flat[s:s + LOGIT_CHUNK], goal[s:s + LOGIT_CHUNK]
+        parts.append(checkpoint(chunk, h, y, use_reentrant=False) if grad else chunk(h, y))
+    logp = torch.cat([q[0] for q in parts]).view(b, t)                                        # (B, T)
+    entropy = torch.cat([q[1] for q in parts]).view(b, t) if with_entropy else None           # (B, T)
+    return logp, entropy
+
+
+@contextmanager
+def hidden_out(model):
+    """While on, the model's forward returns its final hidden states where it returned logits
+    (its output layer swapped for the identity; `logits_to_keep` still slices before it), and
+    yields the output layer, so `_from_hidden` computes the log-probs a chunk of positions at a
+    time and the (N, V) logits, the largest tensors of a step, are never held whole.
+
+    Yields None and changes nothing where that would not be exact or not save anything: chunking
+    off (LOGIT_CHUNK 0); a forward that is a collective (FSDP2 gathers the output layer inside
+    it) or a DDP wrapper; a model whose forward changes its logits after the output layer
+    (soft-capping, scaling), which `_chunk_exact` finds once per model. Not thread-safe: one
+    forward of a model at a time, as the learner and scorer run them."""
+    inner = _innermost(model)
+    head = inner.get_output_embeddings() if LOGIT_CHUNK and hasattr(inner, "get_output_embeddings") else None
+    name = next((n for n, m in inner.named_children() if m is head), None) if head is not None else None
+    if name is None or getattr(model, COLLECTIVE_FORWARD, False) or \
+            isinstance(model, torch.nn.parallel.DistributedDataParallel) or not _chunk_exact(model, inner, name, head):
+        yield None
+        return
+    with _swapped(inner, name, torch.nn.Identity()):
+        yield head
+
+
+@contextmanager
+def _swapped(module, name: str, replacement):
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def _chunk_exact(model, inner, name: str, head) -> bool:
+    """Whether the output layer applied to the hidden states gives the model's own logits (once
+    per model, on 4 tokens): false for a model that soft-caps or scales them after the layer."""
+    known = getattr(inner, _CHUNK_EXACT, None)
+    if known is None:
+        ids = torch.arange(1, 5, device=model_device(model)).unsqueeze(0) % int(inner.config.vocab_size)   # (1, 4)
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).logits.float()                       # (1, 4, V)
+            with _swapped(inner, name, torch.nn.Identity()):
+                hidden = model(input_ids=ids, use_cache=False).logits                         # (1, 4, H)
+            known = hidden.shape[-1] != full.shape[-1] and torch.allclose(head(hidden).float(), full, rtol=1e-4,
+                                                                          atol=1e-5)
+        object.__setattr__(inner, _CHUNK_EXACT, bool(known))
+    return known
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -158,12 +244,12 @@ def packed_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
     entropy, 0 at masked positions."""
     dev = model_device(model)
     packed = pack(input_ids.cpu(), attention_mask.cpu(), n_completion).to(dev)
-    with compute_autocast(model):
+    with compute_autocast(model), hidden_out(model) as head:
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                     **keep_logits(model, packed.keep))
-    logits = kept_rows(out.logits, packed.keep, model)                                        # (M, V)
-    logp, entropy = _from_logits(logits.unsqueeze(0), packed.targets.unsqueeze(0), temperature, with_entropy,
-                                 entropy_grad)                                                # (1, M)
+    logits = kept_rows(out.logits, packed.keep, model)                               # (M, V), or (M, H) hidden
+    logp, entropy = _stats(model, head, logits.unsqueeze(0), packed.targets.unsqueeze(0), temperature,
+                           with_entropy, entropy_grad)                                        # (1, M)
     shape = (input_ids.size(0), n_completion)
     return unpack(logp[0], packed, shape), None if entropy is None else unpack(entropy[0], packed, shape)
 
@@ -194,7 +280,7 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     p = input_ids.size(1) - n_completion
     prompt, pmask = input_ids[::group_size, :p], attention_mask[::group_size, :p]            # (B/G, P)
-    with compute_autocast(model):
+    with compute_autocast(model), hidden_out(model) as head:  # "logits" below: hidden states where head is set
         out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True,
                     **keep_logits(model, 1))
         cache = output_cache(out)
@@ -206,7 +292,7 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
             rest = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
                          position_ids=pos[:, p:-1], **cache_kwargs(model, cache)).logits      # (B, T-1, V)
             logits = torch.cat([first, rest], dim=1)                                          # (B, T, V)
-    return _from_logits(logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
+    return _stats(model, head, logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
 
 
 def checkpointing(model) -> bool:
