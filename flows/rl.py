@@ -129,6 +129,8 @@ def _steps(cfg: PipelineConfig, key: str, run_id: str, start: int, preemption: P
 
 def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
     """Say where a resume starts, and record every setting it changed, at the step it changed."""
+    from hindsight.lookback.metrics import recorded_name
+
     start = run.start_step
     reused = [s for s in run.store.steps("rollouts") if s >= start]
     if start or reused:
@@ -138,7 +140,7 @@ def _announce_resume(cfg: PipelineConfig, run_id: str, run) -> None:
     if changes:
         tracking.set_tags(cfg, run_id, {f"hindsight.changed.{section}.{key}": f"{old!r} -> {new!r} at step {start}"
                                         for section, diff in changes.items() for key, (old, new) in diff.items()})
-        tracking.log_metrics(cfg, run_id, {f"runtime/config/{key}": float(new) for diff in changes.values()
+        tracking.log_metrics(cfg, run_id, {recorded_name(f"config/{key}"): float(new) for diff in changes.values()
                                            for key, (_, new) in diff.items()
                                            if isinstance(new, (int, float)) and not isinstance(new, bool)}, start)
 
