@@ -18,7 +18,10 @@ class HealthConfig(Strict):
     """When a step has diverged (`learning.health`): bands relative to running medians."""
     enabled: bool = True
     grad_norm_factor: float = Field(100.0, gt=1, description="an optimizer step whose gradient norm is above this "
-                                    "times its running median stops the run before its checkpoint")
+                                    "times its running median (plus grad_norm_floor) stops the run before its checkpoint")
+    grad_norm_floor: float = Field(0.01, ge=0, description="what the gradient norm may always reach: a step whose "
+                                   "groups nearly tie has a norm near round-off (1e-7), and the first step with "
+                                   "signal must not read as a jump of a thousand times")
     loss_factor: float = Field(100.0, gt=1, description="the same for |loss| (above factor x median |loss| + floor)")
     loss_floor: float = Field(1.0, ge=0, description="what |loss| may always reach (RL losses sit near 0)")
     weight_change: float = Field(0.5, gt=0, description="the weights' norm may change by at most this share of "

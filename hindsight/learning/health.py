@@ -52,10 +52,10 @@ class Health:
         if c.enabled and self.norm is None and params is not None:
             self.norm = weight_norm(params)
         if c.enabled and len(self.grads) >= c.warmup_steps:
-            if outside(grad_norm, self.grads, c.grad_norm_factor, 0.0):
+            if outside(grad_norm, self.grads, c.grad_norm_factor, c.grad_norm_floor):
                 raise DivergedError(f"the gradient norm {grad_norm:.4g} is above {c.grad_norm_factor:g} times its "
-                                    f"running median {statistics.median(self.grads):.4g} (rl.learner.health."
-                                    f"grad_norm_factor): the optimizer step was skipped")
+                                    f"running median {statistics.median(self.grads):.4g} + {c.grad_norm_floor:g} "
+                                    f"(rl.learner.health.grad_norm_factor): the optimizer step was skipped")
             if outside(loss, self.losses, c.loss_factor, c.loss_floor):
                 raise DivergedError(f"the loss {loss:.4g} is above {c.loss_factor:g} times its running median "
                                     f"|{statistics.median(abs(v) for v in self.losses):.4g}| + {c.loss_floor:g} "

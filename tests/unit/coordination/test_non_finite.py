@@ -50,6 +50,11 @@ def test_the_bands_follow_running_medians(tmp_path):
     for _ in range(5):
         quiet.before_step(0.0, 0.0)
     quiet.before_step(0.0, 1.4e-6)  # the first step with a gradient is not measured against zeros
+    for grad in (5.9e-7, 6.1e-7):  # nearly tied groups: norms at round-off, then the first with signal
+        quiet.before_step(0.0, grad)
+    quiet.before_step(0.0, 1.4e-4)  # 230 x the median (CI's preemption run once stopped here), within 0.01
+    with pytest.raises(DivergedError, match="running median .* \\+ 0.01"):
+        quiet.before_step(0.0, 0.2)
     layer = torch.nn.Linear(4, 4)
     health.after_step(layer.parameters())
     with torch.no_grad():
