@@ -8,6 +8,19 @@ def varied(completions, **_):
     return [float(len(c) % 3) for c in completions]
 
 
+def hangs_once(completions, **_):
+    """`varied`, except that the first call after $HINDSIGHT_TEST_HANG's file appears removes it and
+    never returns: a reward stuck while its process lives (a hung role, not a dead one)."""
+    import os
+    import time
+
+    marker = Path(os.environ.get("HINDSIGHT_TEST_HANG", "/nonexistent"))
+    if marker.exists():
+        marker.unlink()
+        time.sleep(3600)
+    return varied(completions)
+
+
 class Guess:
     """A gym-style game for multi-turn tests: guess the answer's last digit, told higher or lower."""
 

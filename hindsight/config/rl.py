@@ -105,7 +105,16 @@ class WorkersConfig(Strict):
     rollout: int = Field(1, ge=1, description="rollout workers; groups are seeded each on their own, so the "
                                               "count never changes what is sampled")
     scorer: int = Field(1, ge=1, description="scorers (reward functions, reference and reward model)")
-    lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then is issued again")
+    lease_ttl_s: float = Field(600.0, gt=0, description="a leased group not sealed by then (plus lease_s_per_token "
+                                                      "a token of its budget) is issued again")
+    lease_s_per_token: float = Field(0.05, ge=0, description="seconds a lease grows by per token of the work's "
+                                     "budget (samples x max_new_tokens a group), so a long group is not taken for "
+                                     "a hung one")
+    heartbeat_s: float = Field(1.0, gt=0, description="how often a role in a process of its own says it is alive")
+    silent_after_s: float = Field(30.0, gt=0, description="a role not heard from for this long is stopped or gone "
+                                  "(SIGSTOP, a lost machine) and is replaced, with a stall report in rl/stalls/")
+    replacements: int = Field(3, ge=0, description="roles a stage may replace after a stall; one more stall fails "
+                                                   "the stage with the reason")
     placement_timeout_s: float = Field(300.0, gt=0, description="an actor the Ray cluster has not placed and "
                                                                "started by then (its model loaded: minutes for a "
                                                                "7B model, and a loaded 2-core machine took over "

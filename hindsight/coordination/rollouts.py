@@ -10,6 +10,7 @@ weights versions (c-k .. c-1) are not kept, so a resume must find them stored.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -17,8 +18,10 @@ import torch
 
 from hindsight.coordination.replay import signal_groups
 from hindsight.coordination.roles import deal
+from hindsight.coordination.liveness import RoleStalled, log_role_event
 from hindsight.coordination.sampler import AsyncSampler, SamplerSpec, split_threads, version_for
-from hindsight.errors import CheckpointError
+from hindsight.console import say
+from hindsight.errors import CheckpointError, StageError
 from hindsight.faults import crash_point
 from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
 from hindsight.state.rundir import RunDir
@@ -33,6 +36,7 @@ class Rollouts:
         self.pool = self.sampler = self.scorers = self.sender = None
         self.pool_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._rolled, self._ahead, self._threads_before = {}, {}, None
+        self._policy, self._kept, self.replaced = policy, {}, 0  # async: what a replaced sampler is given
         if self.rl.async_.max_staleness:  # the sampler process samples, with weights of its own
             return
         if self.rl.workers.placement == "ray":
@@ -59,10 +63,15 @@ class Rollouts:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(learner_threads)
         rm = rm_path if rm_path and self.rl.scoring.reward_model_weight > 0 else None
-        spec = SamplerSpec(self.rl, self.policy_path, self.cfg.model.dtype, self.cfg.seed, str(self.store.root),
-                           self.init_path, self.version, sampler_threads, rm)
-        self.sampler = self.sender = AsyncSampler(spec, RunDir.of(self.cfg).rl.sampler_log)
+        self._spec = SamplerSpec(self.rl, self.policy_path, self.cfg.model.dtype, self.cfg.seed, str(self.store.root),
+                                 self.init_path, self.version, sampler_threads, rm)
+        self._keep(self.version, self._policy)
+        self.sampler = self.sender = self._new_sampler(self.version)
         self._feed()
+
+    def _new_sampler(self, version: int) -> AsyncSampler:
+        paths = RunDir.of(self.cfg).rl
+        return AsyncSampler(replace(self._spec, version=version), paths.sampler_log, paths.stalls)
 
     def take_ahead(self, step: int) -> tuple[Path, dict] | None:
         """A step merged early, before a checkpoint (`wait_ahead`), with its metrics."""
@@ -142,8 +151,16 @@ class Rollouts:
         self.version += 1
         sent = self.sender.publish(self.version, policy)
         if self.sampler is not None:
+            self._keep(self.version, policy)
             self._feed()  # the steps this version makes due
         return sent
+
+    def _keep(self, version: int, policy) -> None:
+        """Async: a copy of each weights version a step in flight may still need (the newest k+1),
+        on the CPU, so a replaced sampler samples them with exactly the weights the first one had."""
+        self._kept[version] = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+        for old in [v for v in self._kept if v < version - self.rl.async_.max_staleness]:
+            del self._kept[old]
 
     # --- asynchronous sampling ------------------------------------------------------------
     def _feed(self) -> None:
@@ -161,8 +178,12 @@ class Rollouts:
                                   f"but its rollouts are not stored and this run holds version {self.version}")
         prompts, metrics = self.prompts.for_step(step)
         tasks = [GroupTask(step=step, group=i, round=0, prompt=p) for i, p in enumerate(prompts)]
+        self._rolled[step] = {"groups": [t.group for t in tasks], "metrics": metrics, "tasks": tasks}
+        self._lease(step, tasks, need)
+
+    def _lease(self, step: int, tasks: list[GroupTask], need: int) -> None:
+        """Lease the step's groups not yet written to the sampler and ask it for them."""
         todo = with_batch_mates(self._open_groups(step, tasks), tasks, self.rl.rollout.groups_per_batch)
-        self._rolled[step] = {"groups": [t.group for t in tasks], "metrics": metrics}
         mine = [t.group for t in todo if t.write]
         if mine:
             self.ledger.move(step, mine, "leased", worker="sampler", ttl_s=self.rl.workers.lease_ttl_s)
@@ -173,7 +194,12 @@ class Rollouts:
         if step not in self.sampler.submitted:
             self._submit(step)
         t0 = time.perf_counter()
-        result = self.sampler.wait(step)
+        while True:
+            try:
+                result = self.sampler.wait(step)
+                break
+            except RoleStalled as exc:
+                self._replace_sampler(step, exc)
         self.scorers.count_failures(step, result["failures"])  # the sampler scores what it samples
         self.scorers.count_scored(step, len(result["groups"]) * self.rl.samples_per_prompt)
         if result["groups"]:
@@ -182,8 +208,31 @@ class Rollouts:
         path = self.store.merge_parts("rollouts", step, info["groups"])
         versions = self.store.column("rollouts", step, "weights_version")
         return path, {**info["metrics"], "time/rollout_wait_s": time.perf_counter() - t0,
-                      "async/staleness": float(step - min(versions)),
+                      "async/staleness": float(step - min(versions)), "workers/sampler_replaced": float(self.replaced),
                       "async/weights_version": float(min(versions))}
+
+    def _replace_sampler(self, step: int, stalled: RoleStalled) -> None:
+        """A new sampler process for one that died, stopped or hung: its leases go back to pending,
+        the parts it wrote are kept, and every step in flight is asked of the new one with the
+        weights version it was due (kept by `_keep`), so the run samples what it would have."""
+        w = self.rl.workers
+        if self.replaced >= w.replacements:
+            raise StageError(f"rl.async: {stalled}, and {self.replaced} replacements were made already "
+                             f"(rl.workers.replacements {w.replacements}); rerun to resume from the newest "
+                             f"checkpoint") from None
+        self.replaced += 1
+        self.sampler.close()
+        log_role_event(RunDir.of(self.cfg).rl.workers_log, "sampler", step, stalled)
+        say(f"rl: step {step}: the {stalled}; replaced ({self.replaced} of rl.workers.replacements {w.replacements})")
+        flight = sorted(self._rolled)
+        needs = {s: version_for(s, self.rl.async_.max_staleness) for s in flight}
+        self.sampler = self.sender = self._new_sampler(min(needs.values(), default=self.version))
+        for version in sorted(set(needs.values())):
+            self.sampler.publish(version, _Weights(self._kept[version]))
+            for s in (s for s in flight if needs[s] == version):
+                self._lease(s, self._rolled[s]["tasks"], version)
+        if self.version not in needs.values():  # the newest version, for the steps fed after these
+            self.sampler.publish(self.version, _Weights(self._kept[self.version]))
 
     def wait_ahead(self, done: int) -> None:
         """Before a checkpoint at `done`: the shards of steps done .. done+k-1 are stored."""
@@ -200,3 +249,13 @@ class Rollouts:
             torch.set_num_threads(self._threads_before)
         if self.pool is not None:
             self.pool.close()
+
+
+class _Weights:
+    """A kept weights version, as the senders read a model (`state_dict()`)."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def state_dict(self) -> dict:
+        return self.tensors

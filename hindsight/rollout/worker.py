@@ -100,6 +100,7 @@ class RolloutWorker:
         self.engine, self.engine_stale = None, True  # created at the first rollout
         self.episodes = None  # multi-turn: what makes each trajectory's episode, built at the first rollout
         self.compute_s = 0.0  # seconds in the engine (the rest is I/O): the bench's split
+        self.groups_written = 0  # progress, as a heartbeat reports it (`coordination.liveness`)
 
     def start_at(self, version: int) -> None:
         """The weights the worker was built with are version `version`."""
@@ -127,6 +128,7 @@ class RolloutWorker:
             rows = {t.group: self._group_rows(t, _group_of(exp, i, size)) for i, t in enumerate(batch) if t.write}
             write_groups(self.store, "rollouts", batch[0].step, rows)
             done += list(rows)
+            self.groups_written += len(rows)
         return done
 
     def _batches(self, tasks: list[GroupTask]) -> list[list[GroupTask]]:

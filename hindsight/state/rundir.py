@@ -84,6 +84,7 @@ class RLDir:
     resume_changes = property(lambda self: self.path / "resume-changes.jsonl")
     workers_log = property(lambda self: self.path / "workers.jsonl")
     sampler_log = property(lambda self: self.path / "sampler.log")
+    stalls = property(lambda self: self.path / "stalls")  # why a role was replaced, with its stacks
     run_ids = property(lambda self: self.path / "mlflow_run_ids")
     # what it writes for people
     reports = property(lambda self: self.path / "reports")

@@ -1,0 +1,116 @@
+"""No wedge (issue 47): an async sampler that stops (SIGSTOP), hangs while alive, or dies is
+replaced within its deadline; the run loses no group, trains none twice, and ends with the
+weights an uninterrupted run ends with. Each stall leaves a report with the stacks."""
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.coordination.run import RLRun
+from test_async import _cfg
+
+LIVENESS = {"heartbeat_s": 0.25, "silent_after_s": 4.0, "lease_ttl_s": 6.0, "lease_s_per_token": 0.0}
+
+
+def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varied", **workers):
+    """Run `steps` async steps (k = 1) in this process; `before_step(run, step)` may break a role.
+    Returns (the final weights, the run, seconds each rollout took)."""
+    cfg = _cfg(work, run_dir, 1, steps=steps, workers={**LIVENESS, **workers}, rewards=[{"fn": reward}])
+    run = RLRun(PipelineConfig.model_validate(cfg), init, None)
+    took = []
+    try:
+        for step in range(steps):
+            if before_step is not None:
+                before_step(run, step)
+            t0 = time.monotonic()
+            run.rollout(step)
+            took.append(time.monotonic() - t0)
+            run.score(step), run.update(step)
+        return {k: v.detach().clone() for k, v in run.policy.state_dict().items()}, run, took
+    finally:
+        run.close()
+
+
+@pytest.fixture(scope="module")
+def clean(tiny_init, tmp_path_factory):
+    work, init = tiny_init
+    weights, _, _ = _train(work, init, tmp_path_factory.mktemp("clean") / "run")
+    return weights
+
+
+def _same_run(clean_weights, weights, run):
+    """Equal weights, every group trained once, and the training moved the weights."""
+    from safetensors.torch import load_file
+
+    for name in clean_weights:
+        assert torch.equal(clean_weights[name], weights[name]), name
+    init = load_file(f"{run.init_path}/model.safetensors")
+    assert max((weights[n] - init[n]).abs().max().item() for n in init) > 1e-3  # so the equality means something
+    for step in range(4):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4, step
+
+
+def test_a_stopped_sampler_is_replaced_and_the_run_ends_as_an_uninterrupted_one(tiny_init, tmp_path, clean):
+    work, init = tiny_init
+
+    def stop(run, step):
+        """Stop the sampler the moment version 1 is sent and step 2 submitted: steps 1 and/or 2 are in
+        flight, due versions 0 and 1, while the learner moves on to 2 (sent into a stopped pipe), so
+        the replacement must be given the old versions, not the newest."""
+        if step:
+            return
+        publish = run.rollouts.publish
+
+        def then_stop(policy):
+            sent = publish(policy)
+            if run.rollouts.version == 1:
+                os.kill(run.rollouts.sampler.proc.pid, signal.SIGSTOP)
+            return sent
+        run.rollouts.publish = then_stop
+
+    weights, run, took = _train(work, init, tmp_path / "run", before_step=stop)
+    _same_run(clean, weights, run)
+    events = [json.loads(x) for x in (tmp_path / "run/rl/workers.jsonl").read_text().splitlines()]
+    assert len(events) == 1 and events[0]["role"] == "sampler" and events[0]["step"] in (1, 2), events
+    assert "no heartbeat" in events[0]["why"]
+    report = open(events[0]["report"]).read()
+    assert "its state was T (stopped" in report and "the coordinator's threads" in report
+    assert "AsyncSampler.wait" in report or "in wait" in report  # the stack names where the coordinator waited
+    print(f"rollout seconds a step {[round(t, 1) for t in took]}; silent_after_s {LIVENESS['silent_after_s']}")
+
+
+def test_a_sampler_hung_in_a_reward_is_replaced_with_its_stacks(tiny_init, tmp_path, clean, monkeypatch):
+    work, init = tiny_init
+    marker = tmp_path / "hang"
+    monkeypatch.setenv("HINDSIGHT_TEST_HANG", str(marker))
+
+    def hang(run, step):
+        if step == 1:
+            marker.touch()  # the sampler's next reward call (scoring step 2, or 1) never returns
+
+    weights, run, took = _train(work, init, tmp_path / "run", before_step=hang, reward="helpers:hangs_once")
+    _same_run(clean, weights, run)
+    events = [json.loads(x) for x in (tmp_path / "run/rl/workers.jsonl").read_text().splitlines()]
+    assert len(events) == 1 and "alive but nothing written" in events[0]["why"], events
+    report = open(events[0]["report"]).read()
+    assert "hangs_once" in report  # the child's own stack, dumped on SIGUSR1, names the stuck reward
+    print(f"rollout seconds a step {[round(t, 1) for t in took]}; deadline {LIVENESS['lease_ttl_s']}")
+
+
+def test_a_dead_sampler_is_replaced_and_past_the_limit_fails_naming_its_log(tiny_init, tmp_path, clean):
+    from hindsight.errors import StageError
+
+    work, init = tiny_init
+    weights, run, _ = _train(work, init, tmp_path / "run",
+                             before_step=lambda run, step: step == 1 and run.rollouts.sampler.proc.kill())
+    _same_run(clean, weights, run)
+    assert run.rollouts.replaced == 1
+    with pytest.raises(StageError, match=r"the process died \(exit -9\) before finishing step 0 \(its log: "
+                                         r".*sampler.log\), and 0 replacements were made already "
+                                         r"\(rl.workers.replacements 0\); rerun to resume"):
+        _train(work, init, tmp_path / "limit", replacements=0,
+               before_step=lambda run, step: step == 0 and run.rollouts.sampler.proc.kill())
