@@ -113,6 +113,10 @@ class WorkersConfig(Strict):
     heartbeat_s: float = Field(1.0, gt=0, description="how often a role in a process of its own says it is alive")
     silent_after_s: float = Field(30.0, gt=0, description="a role not heard from for this long is stopped or gone "
                                   "(SIGSTOP, a lost machine) and is replaced, with a stall report in rl/stalls/")
+    stall_factor: float = Field(10.0, gt=1, description="a step's phase (rollout, score, update) running this many "
+                                "times the median of its earlier ones fails, with a stall report in rl/stalls/")
+    stall_min_s: float = Field(120.0, gt=0, description="the least time a phase is given before it counts as stalled")
+    stall_first_s: float = Field(3600.0, gt=0, description="what a phase is given before any of its kind finished")
     replacements: int = Field(3, ge=0, description="roles a stage may replace after a stall; one more stall fails "
                                                    "the stage with the reason")
     placement_timeout_s: float = Field(300.0, gt=0, description="an actor the Ray cluster has not placed and "

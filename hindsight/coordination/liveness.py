@@ -38,6 +38,12 @@ def work_deadline_s(workers, tokens: int) -> float:
     return workers.lease_ttl_s + workers.lease_s_per_token * tokens
 
 
+def tokens_per_sample(rl) -> int:
+    """The most tokens one sample may take: the completion budget, or a multi-turn episode's."""
+    mt = rl.rollout.multi_turn
+    return mt.max_tokens if mt is not None else rl.rollout.max_new_tokens
+
+
 @dataclass
 class Liveness:
     """What the coordinator last heard from one role, in its own monotonic clock."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from hindsight.coordination.liveness import tokens_per_sample, work_deadline_s
 from hindsight.errors import ConfigError
 from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
@@ -103,10 +104,10 @@ class _Pool:
 
     def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple):
         self.ray = start_ray(workers.ray_address)  # the stage's preflight checked the cluster's size
-        ttl_s, res = workers.lease_ttl_s, workers.of(self.role)
+        res = workers.of(self.role)
         self.actor_cls = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                          runtime_env={"env_vars": actor_env(workers)})(actor_cls)
-        self.paths, self.ttl, self.args = RLDir(rl_dir), ttl_s, args
+        self.paths, self.workers, self.args = RLDir(rl_dir), workers, args
         self.placement_s, self.each = workers.placement_timeout_s, res
         self.ledger = Ledger(rl_dir)
         self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
@@ -146,10 +147,15 @@ class _Pool:
         log.warning("%s %s on %s %s at step %d: kept groups %s, reassigning %s; started %s",
                     self.role, actor_id, event["host"], why, step, written, back, new_id)
 
-    def _run(self, calls: dict):
-        """Wait for the calls (ref -> actor id) up to the lease time; yields (actor id, result or
-        None if the actor died or overran, why)."""
-        done, late = self.ray.wait(list(calls), num_returns=len(calls), timeout=self.ttl)
+    def deadline_s(self, groups: int) -> float:
+        """The lease of a share of `groups` groups: a floor plus seconds per token of its budget
+        (`coordination.liveness.work_deadline_s`), so a long group is not taken for a hung one."""
+        return work_deadline_s(self.workers, groups * self.rl.samples_per_prompt * tokens_per_sample(self.rl))
+
+    def _run(self, calls: dict, deadline_s: float):
+        """Wait for the calls (ref -> actor id) up to the deadline of the largest share; yields
+        (actor id, result or None if the actor died or overran, why)."""
+        done, late = self.ray.wait(list(calls), num_returns=len(calls), timeout=deadline_s)
         for ref in done:
             try:
                 result = self.ray.get(ref)
@@ -228,14 +234,15 @@ class RayRolloutPool(_Pool):
         """Lease every task's group until all are sealed; returns the role's worker metrics."""
         todo, k = list(tasks), self.rl.rollout.groups_per_batch
         while todo:
-            calls = {}
+            calls, widest = {}, 0
             todo = with_batch_mates(todo, tasks, k)  # a reassigned group is sampled in its own batch again
             for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), partial(batch_of, groups_per_batch=k))):
                 mine = [t.group for t in share if t.write]
                 if mine:
-                    self.ledger.move(step, mine, "leased", worker=actor_id, ttl_s=self.ttl)
+                    widest = max(widest, len(share))
+                    self.ledger.move(step, mine, "leased", worker=actor_id, ttl_s=self.deadline_s(len(share)))
                     calls[self.actors[actor_id].generate.remote(share, self.version)] = actor_id
-            for actor_id, sealed, why in self._run(calls):
+            for actor_id, sealed, why in self._run(calls, self.deadline_s(widest)):
                 if why is None:
                     self.ledger.move(step, sealed, "sealed")
                     continue
@@ -266,7 +273,8 @@ class RayScorerPool(_Pool):
                 if share:
                     calls[self.actors[actor_id].score.remote(step, share)] = actor_id
                     given[actor_id] = share
-            for actor_id, counts, why in self._run(calls):
+            widest = max((len(share) for share in given.values()), default=0)
+            for actor_id, counts, why in self._run(calls, self.deadline_s(widest)):
                 if why is None:
                     add_failures(failures, counts)
                     continue

@@ -20,6 +20,7 @@ from hindsight.coordination.resume import lr_multiplier, prepare_resume
 from hindsight.coordination.learner_group import start_learner_group
 from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
+from hindsight.coordination.watchdog import Watchdog
 from hindsight.config import PipelineConfig
 from hindsight.console import say
 from hindsight.data.bounds import longest_prompt
@@ -86,6 +87,7 @@ class RLRun:
         self.history.truncate_after(self.start_step)  # steps after the checkpoint are redone
         truncate_rows_after(self.paths.alerts, self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
+        self.watchdog = Watchdog(self.paths.stalls, self.rl.workers, self._children)  # no phase wedges the run
         self.updating = False  # a step's update or follow-up has begun: a failure now is not retried in place
         self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
         if start:  # last, so that nothing built above draws from the restored generators
@@ -142,8 +144,17 @@ class RLRun:
         """The whole policy being trained: what evaluation, reports and checkpoints read."""
         return self.learner.serving
 
+    def _children(self) -> list[tuple]:
+        """The role processes a stall report asks for their stacks."""
+        sampler = self.rollouts.sampler
+        return [("async sampler", sampler.proc.pid, sampler.log_path)] if sampler and sampler.proc.poll() is None else []
+
     # --- rollout ------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[Path, dict]:
+        with self.watchdog.phase("rollout", step):
+            return self._rollout(step)
+
+    def _rollout(self, step: int) -> tuple[Path, dict]:
         ahead = self.rollouts.take_ahead(step)  # merged before a checkpoint, metrics and all
         if ahead is not None:
             return ahead
@@ -154,6 +165,10 @@ class RLRun:
     # --- score --------------------------------------------------------------------------
     def score(self, step: int) -> tuple[Path, dict]:
         """Score the step's groups (scorers write a part per group), then the step's shard."""
+        with self.watchdog.phase("score", step):
+            return self._score(step)
+
+    def _score(self, step: int) -> tuple[Path, dict]:
         if self._stored("scores", step):
             self.ledger.advance(step, "sealed", "scored")  # the shard may have landed just before a crash
             return self.store.path("scores", step), {}
@@ -187,6 +202,10 @@ class RLRun:
 
     # --- update -------------------------------------------------------------------------
     def update(self, step: int) -> dict:
+        with self.watchdog.phase("update", step):
+            return self._update(step)
+
+    def _update(self, step: int) -> dict:
         already = self.ledger.in_state(step, "trained")
         if already:  # the kept weights hold this step: training it again would count it twice
             raise CheckpointError(f"{self.ledger.path(step)}: groups {already} of step {step} are already trained "
@@ -280,6 +299,7 @@ class RLRun:
         return fired
 
     def close(self) -> None:
+        self.watchdog.close()
         self.rollouts.close()
         self.scorers.close()
         self.learner.close()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from hindsight.coordination.liveness import Liveness, RoleStalled, stall_report, work_deadline_s
+from hindsight.coordination.liveness import Liveness, RoleStalled, stall_report, tokens_per_sample, work_deadline_s
 from hindsight.errors import StageError
 from hindsight.rollout.worker import GroupTask
 from hindsight.transport.delta import Publication
@@ -77,11 +77,9 @@ def split_threads(cores: int) -> tuple[int, int]:
     return sampler, max(1, cores - sampler)
 
 
-def step_tokens(rl) -> int:
+def batch_tokens(rl) -> int:
     """The token budget of one batch the sampler samples: what its deadline scales with."""
-    mt = rl.rollout.multi_turn
-    per_sample = mt.max_tokens if mt is not None else rl.rollout.max_new_tokens
-    return rl.rollout.groups_per_batch * rl.samples_per_prompt * per_sample
+    return rl.rollout.groups_per_batch * rl.samples_per_prompt * tokens_per_sample(rl)
 
 
 class AsyncSampler:
@@ -89,7 +87,7 @@ class AsyncSampler:
 
     def __init__(self, spec: SamplerSpec, log_path: Path, stalls: Path):
         w = spec.rl.workers
-        self.liveness = Liveness(w.silent_after_s, work_deadline_s(w, step_tokens(spec.rl)), w.placement_timeout_s)
+        self.liveness = Liveness(w.silent_after_s, work_deadline_s(w, batch_tokens(spec.rl)), w.placement_timeout_s)
         self.stalls = stalls
         cmd_r, self._cmd_w = os.pipe()
         self._res_r, res_w = os.pipe()

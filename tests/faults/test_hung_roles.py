@@ -10,16 +10,19 @@ import pytest
 import torch
 
 from hindsight.config import PipelineConfig
+from hindsight.coordination.liveness import RoleStalled
 from hindsight.coordination.run import RLRun
 from test_async import _cfg
 
-LIVENESS = {"heartbeat_s": 0.25, "silent_after_s": 4.0, "lease_ttl_s": 6.0, "lease_s_per_token": 0.0}
+LIVENESS = {"heartbeat_s": 0.25, "silent_after_s": 4.0, "lease_ttl_s": 6.0, "lease_s_per_token": 0.0,
+            "stall_first_s": 30.0, "stall_min_s": 6.0}
 
 
-def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varied", **workers):
-    """Run `steps` async steps (k = 1) in this process; `before_step(run, step)` may break a role.
+def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varied", k=1, **workers):
+    """Run `steps` steps (async, k = 1, unless `k` says) in this process; `before_step(run, step)`
+    may break a role; a phase the watchdog stops is run again, as the steps task's retry does.
     Returns (the final weights, the run, seconds each rollout took)."""
-    cfg = _cfg(work, run_dir, 1, steps=steps, workers={**LIVENESS, **workers}, rewards=[{"fn": reward}])
+    cfg = _cfg(work, run_dir, k, steps=steps, workers={**LIVENESS, **workers}, rewards=[{"fn": reward}])
     run = RLRun(PipelineConfig.model_validate(cfg), init, None)
     took = []
     try:
@@ -29,7 +32,11 @@ def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varie
             t0 = time.monotonic()
             run.rollout(step)
             took.append(time.monotonic() - t0)
-            run.score(step), run.update(step)
+            try:
+                run.score(step)
+            except RoleStalled:
+                run.score(step)
+            run.update(step)
         return {k: v.detach().clone() for k, v in run.policy.state_dict().items()}, run, took
     finally:
         run.close()
@@ -114,3 +121,21 @@ def test_a_dead_sampler_is_replaced_and_past_the_limit_fails_naming_its_log(tiny
                                          r"\(rl.workers.replacements 0\); rerun to resume"):
         _train(work, init, tmp_path / "limit", replacements=0,
                before_step=lambda run, step: step == 0 and run.rollouts.sampler.proc.kill())
+
+
+def test_a_score_phase_hung_in_this_process_is_stopped_by_the_watchdog_and_retried(tiny_init, tmp_path,
+                                                                                   monkeypatch):
+    """Synchronous (k = 0): the reward runs in the stage's own process and hangs there. The
+    watchdog stops the phase after its limit, with a report naming the score phase and the
+    reward's frame; the retried phase keeps what was scored and the run ends as a clean one."""
+    work, init = tiny_init
+    clean, _, _ = _train(work, init, tmp_path / "clean", k=0)
+    marker = tmp_path / "hang"
+    monkeypatch.setenv("HINDSIGHT_TEST_HANG", str(marker))
+    weights, run, _ = _train(work, init, tmp_path / "run", k=0, reward="helpers:hangs_once",
+                             before_step=lambda run, step: step == 2 and marker.touch())
+    _same_run(clean, weights, run)
+    reports = sorted((tmp_path / "run/rl/stalls").iterdir())
+    assert len(reports) == 1 and reports[0].name.startswith("step-000002-score-"), reports
+    text = reports[0].read_text()
+    assert text.startswith("score stalled at step 2: no progress for 6 s") and "hangs_once" in text
