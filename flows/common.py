@@ -125,9 +125,10 @@ def _registered(result: StageResult, cfg: PipelineConfig) -> StageResult:
 
 
 def transient(task, task_run, state) -> bool:
-    """Retry only unexpected failures: bad input (a HindsightError) would fail the same way again."""
+    """Retry only unexpected failures and stalled roles: bad input (a HindsightError) would fail
+    the same way again."""
     exc = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
-    return not isinstance(exc, HindsightError)
+    return not isinstance(exc, HindsightError) or exc.transient
 
 
 def train(ctx: StageContext, trainer: str, **kwargs) -> dict:

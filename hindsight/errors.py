@@ -3,6 +3,7 @@
 
 class HindsightError(Exception):
     """A user-facing error: the message names the file, line or field at fault."""
+    transient = False  # bad input fails the same way again: Prefect does not retry it
 
 
 class ConfigError(HindsightError):

@@ -113,6 +113,9 @@ class WorkersConfig(Strict):
     heartbeat_s: float = Field(1.0, gt=0, description="how often a role in a process of its own says it is alive")
     silent_after_s: float = Field(30.0, gt=0, description="a role not heard from for this long is stopped or gone "
                                   "(SIGSTOP, a lost machine) and is replaced, with a stall report in rl/stalls/")
+    collective_min_s: float = Field(60.0, gt=0, description="the least a learner collective waits for a peer "
+                                    "once updates are measured (stall_factor x the median update, at least this); "
+                                    "before the first, placement_timeout_s: a dead rank fails the stage after it")
     stall_factor: float = Field(10.0, gt=1, description="a step's phase (rollout, score, update) running this many "
                                 "times the median of its earlier ones fails, with a stall report in rl/stalls/")
     stall_min_s: float = Field(120.0, gt=0, description="the least time a phase is given before it counts as stalled")

@@ -24,7 +24,9 @@ from hindsight.fsutil import append_line
 
 
 class RoleStalled(StageError):
-    """A role that died, stopped reporting, or made no progress within its deadline."""
+    """A role that died, stopped reporting, or made no progress within its deadline: the
+    machine's fault, not the input's, so a retry may well pass (Prefect retries it)."""
+    transient = True
 
     def __init__(self, role: str, why: str, report: Path | None = None):
         self.role, self.why, self.report = role, why, report

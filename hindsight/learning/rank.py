@@ -11,6 +11,7 @@ optimizers are made, and the resume state is read (`strategy.load`).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from functools import partial
 
@@ -20,6 +21,7 @@ from hindsight.learning.fit import BudgetFit, fit_budget, memory_cap
 from hindsight.learning.build import build_critic, build_optimizer, build_policy
 from hindsight.learning.health import Health
 from hindsight.learning.strategies import get_strategy
+from hindsight.learning.strategies.base import collective_timeout_s
 from hindsight.learning.update import learner_settings, update
 from hindsight.logprobs import model_device
 
@@ -35,7 +37,9 @@ class LearnerRank:
         self.most_rows = rl.learner.mini_batch_size or rl.prompts_per_step * rl.samples_per_prompt
         self.health = Health(rl.learner.health)
         self.strategy = get_strategy(rl.learner.strategy)(rank, world, rl.learner)
-        self.strategy.join(init_method, rl.workers.lease_ttl_s)
+        self.took: list[float] = []  # seconds of each update: what a collective's timeout follows
+        self.timeout_s = collective_timeout_s(self.took, rl.workers)
+        self.strategy.join(init_method, self.timeout_s)
         self.critic = self.critic_optimizer = None
         try:
             self.policy = self.strategy.build(partial(build_policy, model_cfg=model_cfg, rl=rl, base=base, seed=seed,
@@ -71,11 +75,22 @@ class LearnerRank:
             refit = self.budget.outgrown(prompt + completion)
             if refit:
                 self.fit(prompt, completion, self.budget.cap_bytes)
+        t0 = time.perf_counter()
         metrics = update(self.policy, self.optimizer, exp, self.settings, self.critic, self.critic_optimizer,
                          share=self.strategy, health=self.health)
+        self._follow_step_time(time.perf_counter() - t0)
         if self.auto_budget:
             metrics.update({"learn/micro_batch_tokens": float(self.budget.budget), "learn/budget_refits": float(refit)})
         return metrics
+
+    def _follow_step_time(self, seconds: float) -> None:
+        """Collective timeouts from measured update times, not one fixed number: a healthy group on
+        a loaded machine is not failed, and a dead peer is found in a few steps' time."""
+        self.took = (self.took + [seconds])[-20:]
+        timeout = collective_timeout_s(self.took, self.rl.workers)
+        if abs(timeout - self.timeout_s) > 0.1 * self.timeout_s:
+            self.strategy.set_timeout(timeout)
+            self.timeout_s = timeout
 
     # --- rl.learner.micro_batch_tokens: auto (learning.fit) ---------------------------------
     @property

@@ -17,6 +17,7 @@ named in `catalogue.BUILT_IN`; `rl.learner.strategy` then takes its name.
 from __future__ import annotations
 
 import socket
+import statistics
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Callable, ClassVar
@@ -25,6 +26,15 @@ import torch
 
 from hindsight.learning.strategies.catalogue import STRATEGIES, get_strategy, register  # noqa: F401
 from hindsight.learning.update import Share
+
+
+def collective_timeout_s(took: list[float], workers) -> float:
+    """How long a collective waits for a peer once updates are measured: stall_factor x the
+    median update (a loaded machine's slow steps raise it with them), at least collective_min_s.
+    Before any, the group waits placement_timeout_s (ranks still loading their models)."""
+    if not took:
+        return workers.placement_timeout_s
+    return max(workers.collective_min_s, workers.stall_factor * statistics.median(took))
 
 
 class Strategy(Share):
@@ -54,6 +64,13 @@ class Strategy(Share):
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
                                 init_method=init_method or local_init_method(), rank=self.rank,
                                 world_size=self.world, timeout=timedelta(seconds=timeout_s))
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """How long a collective waits for a peer from now on (`collective_timeout_s`)."""
+        if self.grouped(self.world):
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(timedelta(seconds=timeout_s))
 
     def leave(self) -> None:
         import torch.distributed as dist
