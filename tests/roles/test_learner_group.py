@@ -99,8 +99,9 @@ def test_two_learners_train_what_one_trains(init, tmp_path, algorithm, batching)
 
 def test_a_dead_learner_fails_the_stage_and_the_rerun_resumes_from_the_checkpoint(init, tmp_path, monkeypatch):
     """Learner rank 1 is SIGKILLed in its second update: rank 0's all-reduce gives up after the
-    group's timeout (collective_min_s 15 s here, the measured update time being far less) and the stage fails; a new attempt (what Prefect's retry runs) resumes from
-    the newest checkpoint and the stored shards, and ends where an uninterrupted run ends."""
+    group's timeout (collective_min_s 15 s here, the measured update time being far less) and
+    the stage fails; a new attempt (what Prefect's retry runs) resumes from the newest
+    checkpoint and the stored shards, and ends where an uninterrupted run ends."""
     work, path = init
     reference, _, _ = _run(work, path, tmp_path / "reference", "grpo", {})
     monkeypatch.setenv("HINDSIGHT_FAULT", f"kill_once:learner1:1:{tmp_path / 'killed'}")
