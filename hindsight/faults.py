@@ -6,6 +6,9 @@
     fail:point:step       raise a RuntimeError there every time (retries cannot help)
     kill_once:point:step:MARKER   SIGKILL there unless the file MARKER exists, creating it first:
                           a restarted worker reaching the same point carries on
+    pause:point:step:MARKER   unless the file MARKER exists, write this process's pid into it and
+                          sleep there for an hour: a worker alive but stuck, until the test
+                          removes it (its Ray node, say) or a lease deadline passes
     disk_full:SUBSTRING   every atomic write whose path contains SUBSTRING fails with ENOSPC
                           after writing half its bytes, as a full disk would
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 
 _raised: set[str] = set()
 
@@ -32,6 +36,13 @@ def crash_point(point: str, step: int) -> None:
         if not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+    if spec.startswith(f"pause:{point}:{step}:"):
+        marker = spec.split(":", 3)[3]
+        if not os.path.exists(marker):
+            with open(f"{marker}.tmp", "w") as f:  # whole before it is seen: the test reads the pid
+                f.write(str(os.getpid()))
+            os.replace(f"{marker}.tmp", marker)
+            time.sleep(3600)
     if spec == f"fail:{point}:{step}":
         raise RuntimeError(f"injected permanent fault at {point} step {step}")
 

@@ -183,7 +183,7 @@ class RayRolloutPool(_Pool):
 
     def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str,
                  version: int):
-        self.version, self.rl, self.sender = version, rl, None
+        self.version, self.rl, self.sender, self.step = version, rl, None, 0
         super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path,
                                                               version))
         self.sender = RaySender(self.ray, self.actors, Publication(getattr(torch, dtype), rl.rollout.publish_full_every))
@@ -228,11 +228,14 @@ class RayRolloutPool(_Pool):
     def publish(self, version: int, model) -> dict[str, float]:
         """A new weights version for every actor, through Ray's object store (`transport.ray`)."""
         self.version = version
-        return self.sender.publish(version, model)
+        sent = self.sender.publish(version, model)
+        for actor_id in self.sender.dead:  # found dead on delivery (its node gone): it held no lease
+            self._replace(self.step, actor_id, "died", [], [])
+        return sent
 
     def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:
         """Lease every task's group until all are sealed; returns the role's worker metrics."""
-        todo, k = list(tasks), self.rl.rollout.groups_per_batch
+        todo, k, self.step = list(tasks), self.rl.rollout.groups_per_batch, step
         while todo:
             calls, widest = {}, 0
             todo = with_batch_mates(todo, tasks, k)  # a reassigned group is sampled in its own batch again
@@ -316,6 +319,9 @@ class RolloutActor:
 
 
 def _where() -> str:
+    """host:pid:Ray node id, for the death record: which node dropped out."""
     import socket
 
-    return f"{socket.gethostname()}:{os.getpid()}"
+    import ray
+
+    return f"{socket.gethostname()}:{os.getpid()}:{ray.get_runtime_context().get_node_id()}"

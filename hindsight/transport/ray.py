@@ -16,22 +16,35 @@ class RaySender(WeightSender):
         self.ray, self.actors = ray, actors  # the pool's own dict: actors it adds are published to
         self.publication = publication or Publication()
         self.full_ref = None  # the newest full copy in the store, when there is one (for late actors)
+        self.dead: list[str] = []  # actors found dead by the last publish
 
     def publish(self, version: int, model) -> dict[str, float]:
+        self.dead = []
         payload = self.publication.next(version, model.state_dict())
         ref = self.ray.put(payload)
         self.full_ref = ref if payload.base is None else None
-        names = list(self.actors)
-        acks = self.ray.get([self.actors[n].receive.remote(ref) for n in names])
-        behind = [n for n, ack in zip(names, acks) if not ack.ok]
+        acks = self._send(ref, list(self.actors))
+        behind = [n for n, ack in acks.items() if not ack.ok]
         put = payload.nbytes  # what goes into the object store (every actor reads the one copy)
         if behind:  # missed a version (or a torn delta): the full copy, before anything is sampled
             full = self.publication.full()
             ref = self.full_ref = self.ray.put(full)
-            _check(self.ray.get([self.actors[n].receive.remote(ref) for n in behind]))
+            _check(list(self._send(ref, behind).values()))
             put += full.nbytes
         return {"publish/bytes": float(put), "publish/delta": float(payload.base is not None),
                 "publish/resent_full": float(len(behind))}
+
+    def _send(self, ref, names: list[str]) -> dict:
+        """Each actor's acknowledgement; an actor that died (its node gone, say) is left out and
+        named in `self.dead`, for the pool to replace: a replacement takes the full copy."""
+        calls = {n: self.actors[n].receive.remote(ref) for n in names}
+        acks = {}
+        for name, call in calls.items():
+            try:
+                acks[name] = self.ray.get(call)
+            except self.ray.exceptions.RayActorError:
+                self.dead.append(name)
+        return acks
 
     def sync(self, actor) -> None:
         """A late receiver takes the full copy of the newest version before it serves anything."""

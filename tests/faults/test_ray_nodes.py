@@ -1,0 +1,96 @@
+"""A Ray cluster of more than one node (issue 47), on this machine: a head without CPUs for
+actors and two raylets of one CPU each, so the two rollout workers land one on each node. Mid-step,
+one worker stops after writing its first group and its node is removed (raylet, actors and object
+store gone at once); the step finishes on the other node, which samples the group left over. A node
+added later takes the worker `hindsight scale` asks for. Every group is trained once and the
+weights equal a fixed-size, single-node run's: what is sampled never depends on where."""
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from hindsight.config import PipelineConfig
+from hindsight.coordination.run import RLRun
+
+STEPS = 4
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # an embedded cluster another test module started in this process
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every raylet on loopback
+    # the raylets' workers inherit this: they import the tests' reward module (tests/helpers.py)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+def _cfg(work, run_dir, **workers) -> dict:
+    return {"name": "nodes", "seed": 1, "run_dir": str(run_dir),
+            "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
+            "rl": {"steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "save_every": 1,
+                   "learner": {"lr": 1e-2}, "rollout": {"max_new_tokens": 5, "groups_per_batch": 1},
+                   "scoring": {"rewards": [{"fn": "helpers:varied"}], "isolation": "inline"}, "workers": workers}}
+
+
+def _remove_when_paused(cluster, run, marker, removed: list) -> None:
+    """Wait for the paused worker's pid, then remove the node its actor lives on."""
+    while not marker.exists():
+        time.sleep(0.1)
+    pid = marker.read_text()
+    host = next(h for h in run.rollouts.pool.hosts.values() if h.split(":")[1] == pid)
+    node = next(n for n in cluster.worker_nodes if n.node_id == host.split(":")[2])
+    cluster.remove_node(node, allow_graceful=False)
+    removed.append(host)
+
+
+def test_a_node_removed_mid_step_then_one_added_loses_nothing(tiny_init, tmp_path, cluster, monkeypatch):
+    import ray
+
+    work, init = tiny_init
+    reference = RLRun(PipelineConfig.model_validate(_cfg(work, tmp_path / "reference")), init, None)
+    for step in range(STEPS):
+        reference.rollout(step), reference.score(step), reference.update(step)
+    reference.close()
+
+    cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1)
+    marker = tmp_path / "paused"  # group 1 of step 1 is written, then its worker stops: mid-lease
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"pause:rollout-group1:1:{marker}")
+    workers = {"placement": "ray", "ray_address": cluster.address, "rollout": 2, "placement_timeout_s": 10,
+               "resources": {"rollout": {"num_cpus": 1}, "scorer": {"num_cpus": 0}}}
+    run = RLRun(PipelineConfig.model_validate(_cfg(work, tmp_path / "run", **workers)), init, None)
+    nodes_used, removed = [], []
+    remover = threading.Thread(target=_remove_when_paused, args=(cluster, run, marker, removed), daemon=True)
+    remover.start()
+    try:
+        for step in range(STEPS):
+            if step == 3:  # a fresh node, then a request for a second worker again
+                cluster.add_node(num_cpus=1)
+                (run.dir / "scale.json").write_text(json.dumps({"rollout": 2}))
+            run.rollout(step), run.score(step), run.update(step)
+            nodes_used.append({e.worker for e in run.ledger.read(step).values()})
+    finally:
+        run.close()
+    assert removed and len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 3  # head, survivor, new node
+    events = [json.loads(x) for x in (run.dir / "workers.jsonl").read_text().splitlines()]
+    deaths = [e for e in events if "why" in e]
+    assert [(e["step"], e["why"], e["host"]) for e in deaths] == [(1, "died", removed[0])], events
+    assert deaths[0]["written"] == [1] and deaths[0]["reassigned"] == [3]  # the group it had not finished
+    assert deaths[0]["replacement"] is None  # no room left on the survivor: the run went on with one
+    assert [e["scaled"] for e in events if "scaled" in e] == [[1, 2]]
+    assert len(nodes_used[0]) == 2 and len(nodes_used[2]) == 1 and len(nodes_used[3]) == 2, nodes_used
+    for step in range(STEPS):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4, step
+        assert run.store.read("rollouts", step) == reference.store.read("rollouts", step), step
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.equal(a, b), k
