@@ -56,12 +56,19 @@ class Liveness:
     started: bool = False
     progress_at: float = field(default_factory=time.monotonic)
     progress: int = -1
+    created_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None  # its first heartbeat: started_at - created_at is its start-up
+    served_at: float | None = None  # its first work done (model loaded, a first group written)
 
     def heard(self, progress: int | None = None, now: float | None = None) -> None:
         """A message from the role; `progress` (its count of work done) when it carries one."""
         now = time.monotonic() if now is None else now
+        if not self.started:
+            self.started_at = now
         self.beat_at, self.started = now, True
         if progress is not None and progress != self.progress:
+            if self.served_at is None and self.progress >= 0:
+                self.served_at = now
             self.progress, self.progress_at = progress, now
 
     def working(self, now: float | None = None) -> None:
