@@ -35,10 +35,27 @@ class LearnerGroup:
         if calls:
             self.ray.get(calls)
 
+    def lost_peer(self, exc: BaseException) -> bool:
+        """Whether `exc`, raised in rank 0 during a group call, means a peer is gone or stuck:
+        a peer actor that died, or a collective that failed on the transport (torch's DistError:
+        a closed connection, or a timeout waiting for a rank that stopped)."""
+        import torch.distributed as dist
+
+        if isinstance(exc, self.ray.exceptions.RayActorError):
+            return True
+        return isinstance(exc, getattr(dist, "DistError", ())) or (
+            isinstance(exc, RuntimeError) and any(s in str(exc) for s in _TRANSPORT_FAILURES))
+
     def close(self) -> None:
         for p in self.peers:
             self.ray.kill(p)
         self.peers = []
+
+
+# what gloo says when a peer's socket closes or it stops answering, on torch versions whose
+# collectives raise a bare RuntimeError
+_TRANSPORT_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting",
+                       "Gloo connectFullMesh failed")
 
 
 def start_learner_group(cfg, pad_id: int, base: str, resume: bool):

@@ -18,6 +18,7 @@ from hindsight.coordination.prompts import PromptSource
 from hindsight.coordination.replay import signal_groups
 from hindsight.coordination.resume import lr_multiplier, prepare_resume
 from hindsight.coordination.learner_group import start_learner_group
+from hindsight.coordination.learner_recovery import rebuild_learner
 from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.coordination.watchdog import Watchdog
@@ -29,7 +30,7 @@ from hindsight.errors import CheckpointError, NonFiniteError, RewardError
 from hindsight.experience import advantage_rows, experience_from_rows
 from hindsight.scoring.rewards import reward_weights
 from hindsight.faults import crash_point
-from hindsight.learning.learner import Learner
+from hindsight.learning.learner import Learner, PeerLost
 from hindsight.learning.strategies import get_strategy
 from hindsight.lookback.alerts import Alert, AlertMonitor
 from hindsight.lookback.history import MetricsLog, truncate_rows_after
@@ -49,6 +50,7 @@ from hindsight.state.store import RolloutStore
 class RLRun:
     def __init__(self, cfg: PipelineConfig, init_path: str, rm_path: str | None):
         self.cfg, self.rl = cfg, cfg.rl
+        self.given_cfg, self.rm_path, self.learner_rebuilds = cfg, rm_path, 0  # what a rebuilt learner starts from
         self.paths = RunDir.of(cfg).rl
         self.dir = self.paths.path
         self.init_path = init_path
@@ -120,7 +122,7 @@ class RLRun:
         """The roles around the learner: rollouts, scorers, and the state they share."""
         cfg, init_path = self.cfg, self.init_path
         self.lr_multiplier = lr_multiplier(self.paths.alerts, start) if start else 1.0  # `lower_lr` alerts
-        self._set_lr()  # the configured rl.learner.lr applies on resume, not the rate stored in the optimizer
+        self.set_lr()  # the configured rl.learner.lr applies on resume, not the rate stored in the optimizer
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.prompts = PromptSource(self.rl, cfg.seed, rows, self.store)
@@ -215,10 +217,13 @@ class RLRun:
         rows, scores = self.store.read("rollouts", step), self.store.read("scores", step)
         train_rows, train_scores, metrics = self._train_groups(rows, scores)
         if train_rows:  # dynamic sampling may find no group with signal: then the step only logs
-            exp = experience_from_rows(train_rows, self.tok.pad_token_id, self.rl.samples_per_prompt, train_scores)
-            exp.meta["reward_weights"] = reward_weights(self.rl.scoring, exp.meta.get("reward_names", []))
             try:
-                metrics.update(self.learner.train(exp, [r["group"] for r in train_rows]))
+                try:
+                    exp, learned = self._train_batch(train_rows, train_scores)
+                except PeerLost as lost:  # a rank died or hung: a new group, then this step again
+                    metrics["workers/learner_replayed_steps"] = float(len(rebuild_learner(self, step, lost)))
+                    exp, learned = self._train_batch(train_rows, train_scores)
+                metrics.update(learned)
             except NonFiniteError as exc:
                 raise type(exc)(f"step {step}: {exc}, and the run stopped: nothing of this step is saved or registered. "
                             f"{self.newest_checkpoint()}; lower rl.learner.lr (or fix what made the step diverge), then "
@@ -236,6 +241,20 @@ class RLRun:
             self.checkpoint(done)
         self.updating = False
         return metrics
+
+    def _train_batch(self, train_rows: list[dict], train_scores: list[dict]) -> tuple:
+        """One update on the rows; returns the experience (its advantages set) and the metrics."""
+        exp = experience_from_rows(train_rows, self.tok.pad_token_id, self.rl.samples_per_prompt, train_scores)
+        exp.meta["reward_weights"] = reward_weights(self.rl.scoring, exp.meta.get("reward_names", []))
+        return exp, self.learner.train(exp, [r["group"] for r in train_rows])
+
+    def train_stored(self, step: int) -> None:
+        """Train a step already trained once, from its stored shards, into weights that lost it
+        (a rebuilt learner group): the same groups, in the same order, nothing recorded."""
+        train_rows, train_scores, _ = self._train_groups(self.store.read("rollouts", step),
+                                                          self.store.read("scores", step))
+        if train_rows:
+            self._train_batch(train_rows, train_scores)
 
     def _train_groups(self, rows: list[dict], scores: list[dict]) -> tuple[list[dict], list[dict], dict]:
         """All groups, or with dynamic sampling the first prompts_per_step whose rewards differ."""
@@ -281,7 +300,7 @@ class RLRun:
             kept["entropy_control"] = self.learner.settings.entropy.state()
         self.learner.save(self.ckpt, done, self.tok, {"fingerprint": self.fingerprint, **kept})
 
-    def _set_lr(self) -> None:
+    def set_lr(self) -> None:
         self.learner.set_lr(self.rl.learner.lr * self.lr_multiplier)
 
     # --- look back ----------------------------------------------------------------------
@@ -295,7 +314,7 @@ class RLRun:
             append_line(self.paths.alerts, json.dumps(alert.to_dict()))
             if alert.action == "lower_lr":
                 self.lr_multiplier *= alert.factor
-                self._set_lr()
+                self.set_lr()
         return fired
 
     def close(self) -> None:

@@ -14,10 +14,17 @@ from contextlib import nullcontext
 
 import torch
 
+from hindsight.errors import StageError
 from hindsight.experience import Experience
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.rank import LearnerRank
 from hindsight.learning.strategies import get_strategy
+
+
+class PeerLost(StageError):
+    """A learner rank died or hung inside a collective. The machine's fault, not the input's: the
+    coordinator rebuilds the group in place, and a stage that fails with it is worth a retry."""
+    transient = True
 
 
 class Learner:
@@ -90,7 +97,17 @@ class Learner:
 
     def train(self, exp: Experience, groups: list[int]) -> dict:
         """One update on the batch; its advantages are set on `exp` (the coordinator stores them).
-        Then the serving copy holds the new weights."""
+        Then the serving copy holds the new weights. A peer lost on the way (dead, or silent past
+        the collective's timeout) raises `PeerLost`: the group, rank 0 included, is then broken."""
+        try:
+            return self._train(exp, groups)
+        except Exception as exc:
+            if self.group is None or not self.group.lost_peer(exc):
+                raise
+            raise PeerLost(f"the learner group lost a rank during an update: {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+    def _train(self, exp: Experience, groups: list[int]) -> dict:
         t0 = time.perf_counter()
         strategy = self.rank.strategy
         exp.meta["groups"] = groups

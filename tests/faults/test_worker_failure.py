@@ -3,6 +3,10 @@ SIGKILLed mid-step loses only the groups it had not written, which are generated
 replacement; the run completes, the ledger shows every group trained exactly once, and the
 final weights equal an uninterrupted run's."""
 import json
+import os
+import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -101,6 +105,42 @@ def test_a_scorer_killed_mid_step_is_replaced_and_nothing_is_lost(init, tmp_path
     assert metrics[1][1][1]["workers/scorer_deaths"] == 1 and metrics[1][1][1]["workers/scorer_reassigned_groups"] == 2
     for step in range(STEPS):
         assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4
+        assert run.store.read("scores", step) == reference.store.read("scores", step)
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), k
+    reference.close(), run.close()
+
+
+def _stop_when_paused(marker) -> None:
+    """SIGSTOP the worker that reached the fault's point (it wrote its pid there): hung, not dead."""
+    while not marker.exists():
+        time.sleep(0.05)
+    os.kill(int(marker.read_text()), signal.SIGSTOP)
+
+
+@pytest.mark.parametrize("role, point, events", [
+    ("rollout", "rollout-group0", [(1, "rollout-0", [0], [2])]),  # rollout-0 leases groups 0 and 2
+    ("scorer", "score-group1", [(1, "scorer-0", [0, 1], [2, 3])]),  # scorer-0 scores all four
+])
+def test_a_stopped_worker_is_replaced_when_its_lease_expires(init, tmp_path, monkeypatch, role, point, events):
+    """No wedge (issue 47): a Ray actor SIGSTOPped mid-lease neither dies nor answers; its lease
+    (lease_ttl_s + lease_s_per_token x its tokens) expires, it is killed, and what it had not
+    written is done by its replacement in the same step."""
+    reference, _ = _run(*init, tmp_path / "reference")
+    marker = tmp_path / "paused"
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"pause:{point}:1:{marker}")
+    threading.Thread(target=_stop_when_paused, args=(marker,), daemon=True).start()
+    run, metrics = _run(*init, tmp_path / "stopped", placement="ray", rollout=1 + (role == "rollout"),
+                        scorer=1, lease_ttl_s=5.0, lease_s_per_token=0.0)
+    found = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["worker"], e["written"], e["reassigned"]) for e in found] == events
+    assert [e["why"] for e in found] == ["lease expired"]
+    timing = metrics[1][0] if role == "rollout" else metrics[1][1][1]
+    print(f"{role}: the step's phase took {timing.get('time/rollout_s', timing.get('time/score_s')):.1f} s "
+          f"with a lease of 5 s")  # a figure for the notes; no timed assertion
+    for step in range(STEPS):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4  # once each, none lost
+        assert run.store.read("rollouts", step) == reference.store.read("rollouts", step)
         assert run.store.read("scores", step) == reference.store.read("scores", step)
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-5), k
