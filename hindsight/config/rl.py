@@ -115,13 +115,13 @@ class WorkersConfig(Strict):
                                   "(SIGSTOP, a lost machine) and is replaced, with a stall report in rl/stalls/")
     collective_min_s: float = Field(60.0, gt=0, description="the least a learner collective waits for a peer "
                                     "once updates are measured (stall_factor x the median update, at least this); "
-                                    "before the first, placement_timeout_s: a dead rank fails the stage after it")
+                                    "before the first, placement_timeout_s: a rank silent that long is rebuilt")
     stall_factor: float = Field(10.0, gt=1, description="a step's phase (rollout, score, update) running this many "
                                 "times the median of its earlier ones fails, with a stall report in rl/stalls/")
     stall_min_s: float = Field(120.0, gt=0, description="the least time a phase is given before it counts as stalled")
     stall_first_s: float = Field(3600.0, gt=0, description="what a phase is given before any of its kind finished")
-    replacements: int = Field(3, ge=0, description="roles a stage may replace after a stall; one more stall fails "
-                                                   "the stage with the reason")
+    replacements: int = Field(3, ge=0, description="async samplers a stage may replace, and learner groups it may "
+                                                   "rebuild, after a stall; one more fails the stage with the reason")
     placement_timeout_s: float = Field(300.0, gt=0, description="an actor the Ray cluster has not placed and "
                                                                "started by then (its model loaded: minutes for a "
                                                                "7B model, and a loaded 2-core machine took over "

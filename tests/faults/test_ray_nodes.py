@@ -3,7 +3,9 @@ actors and two raylets of one CPU each, so the two rollout workers land one on e
 one worker stops after writing its first group and its node is removed (raylet, actors and object
 store gone at once); the step finishes on the other node, which samples the group left over. A node
 added later takes the worker `hindsight scale` asks for. Every group is trained once and the
-weights equal a fixed-size, single-node run's: what is sampled never depends on where."""
+weights equal a fixed-size, single-node run's: what is sampled never depends on where. The
+learner group of two also runs across two nodes: rank 0 in this process, rank 1 on a raylet of
+its own, and trains what one process trains."""
 import json
 import os
 import sys
@@ -94,3 +96,33 @@ def test_a_node_removed_mid_step_then_one_added_loses_nothing(tiny_init, tmp_pat
         assert run.store.read("rollouts", step) == reference.store.read("rollouts", step), step
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.equal(a, b), k
+
+
+def test_the_learner_group_across_two_nodes_trains_what_one_process_trains(tiny_init, tmp_path, cluster):
+    import ray
+
+    work, init = tiny_init
+    reference = RLRun(PipelineConfig.model_validate(_cfg(work, tmp_path / "reference")), init, None)
+    for step in range(STEPS):
+        reference.rollout(step), reference.score(step), reference.update(step)
+    reference.close()
+    cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1)
+    # one CPU for the rollout worker, one for learner rank 1, none on the head: two raylets
+    workers = {"placement": "ray", "ray_address": cluster.address, "rollout": 1, "placement_timeout_s": 60,
+               "resources": {"rollout": {"num_cpus": 1}, "scorer": {"num_cpus": 0}, "learner": {"num_cpus": 1}}}
+    cfg = _cfg(work, tmp_path / "run", **workers)
+    cfg["rl"]["learner"]["processes"] = 2
+    run = RLRun(PipelineConfig.model_validate(cfg), init, None)
+    try:
+        used = ray.available_resources().get("CPU", 0.0)
+        for step in range(STEPS):
+            run.rollout(step), run.score(step), run.update(step)
+    finally:
+        run.close()
+    assert used == 0.0  # both worker nodes' CPUs taken: the peer rank is on the other raylet
+    for step in range(STEPS):  # the same tokens sampled (log-probs differ by the sums' order)
+        ids = [[r["completion_ids"] for r in x.store.read("rollouts", step)] for x in (run, reference)]
+        assert ids[0] == ids[1], step
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=5e-4), k  # the two ranks sum gradients in another order
