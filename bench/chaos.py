@@ -56,11 +56,15 @@ WORKERS = {"heartbeat_s": 0.25, "silent_after_s": 3.0, "lease_ttl_s": 4.0, "leas
 
 
 def _config(work: Path, run_dir: Path, steps: int) -> dict:
+    # thousands of steps of a tiny model: its gradient norm spikes now and then (50x its median
+    # at step 8842 of one soak), which the divergence check rightly stops; that check has its own
+    # tests, and here both runs train the same steps without it
     return {"name": "chaos", "seed": 5, "run_dir": str(run_dir),
             "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
             "rl": {"steps": steps, "prompts_per_step": 2, "samples_per_prompt": 4, "save_every": 1000,
                    "rollout": {"max_new_tokens": 4, "groups_per_batch": 1},
-                   "learner": {"lr": 1e-3}, "scoring": {"rewards": [{"fn": "chaos_reward:flaky"}], "isolation": "inline"},
+                   "learner": {"lr": 1e-3, "health": {"enabled": False}},
+                   "scoring": {"rewards": [{"fn": "chaos_reward:flaky"}], "isolation": "inline"},
                    "async": {"max_staleness": 1}, "workers": WORKERS}}
 
 
