@@ -46,11 +46,10 @@ def reset_peak() -> int:
 
 def measure(chunk: int) -> dict:
     import torch
-    import yaml
 
     import hindsight.logprobs
 
-    from hindsight.config import PipelineConfig
+    from hindsight.config import load_config
     from hindsight.data.chat import as_chat, prompt_text
     from hindsight.data.procedural import load_procedural
     from hindsight.learning.losses.objective import Objective
@@ -61,7 +60,7 @@ def measure(chunk: int) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
     hindsight.logprobs.LOGIT_CHUNK = chunk
-    cfg = PipelineConfig.model_validate(yaml.safe_load((ROOT / "configs/examples/smollm2-reasoning.yaml").read_text()))
+    cfg = load_config(ROOT / "configs/examples/smollm2-reasoning.yaml")  # its smoke: block is a preset, not a key
     rl = cfg.rl
     path = resolve_model_path(GGUF)
     out = {"imports": status_kb("VmRSS")}
