@@ -29,6 +29,7 @@ from hindsight.models.source import resolve_model_path  # noqa: E402
 from hindsight.models.tiny import teach_short_turns  # noqa: E402
 from hindsight.rollout.multiturn.episodes import ToolEpisode  # noqa: E402
 from hindsight.rollout.multiturn.loop import TurnSettings, run_trajectories  # noqa: E402
+from hindsight.rollout.engines.hf import model_turns  # noqa: E402
 from hindsight.rollout.multiturn.tools import Tool, ToolCall  # noqa: E402
 
 SLEEP_S = 0.5
@@ -54,7 +55,8 @@ class AlwaysCalls(ToolEpisode):
 def run(model, tok, n: int, s: TurnSettings) -> tuple[float, int]:
     rows = [{"prompt": f"Look up {i}."} for i in range(n)]
     t0 = time.perf_counter()
-    trajs, _ = run_trajectories(model, tok, rows, list(range(n)), 1, s, lambda: AlwaysCalls([Tool(lookup, "bench")]))
+    trajs, _ = run_trajectories(model, tok, rows, list(range(n)), 1, s, lambda: AlwaysCalls([Tool(lookup, "bench")]),
+                                model_turns(model, tok.pad_token_id))
     calls = sum(len(t.get("calls", [])) for tr in trajs for t in tr.turns)
     return time.perf_counter() - t0, calls
 

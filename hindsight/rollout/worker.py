@@ -166,12 +166,12 @@ class RolloutWorker:
         from hindsight.rollout.multiturn.loop import run_trajectories, to_experience
         from hindsight.rollout.multiturn.setup import episode_factory, turn_settings
 
-        self._engine()  # the policy's current weights, as for single turns
+        engine = self._engine()  # the policy's current weights, as for single turns
         if self.episodes is None:
             self.episodes = episode_factory(self.rl.rollout.multi_turn)
         rows, size = [t.prompt for t in batch], self.rl.samples_per_prompt
         trajs, _ = run_trajectories(self.policy, self.tok, rows, seeds, size, turn_settings(self.rl.rollout),
-                                    self.episodes)
+                                    self.episodes, engine.continue_turns)
         exp = to_experience(self.policy, trajs, size, self.tok.pad_token_id, self.rl.rollout.temperature,
                             self.rl.learner.micro_batch_tokens)
         exp.meta["trajectories"] = trajs

@@ -45,16 +45,17 @@ def greedy_trajectories(model, tok, rows: list[dict], max_new_tokens: int, multi
                         batch_size: int = 64) -> tuple[list[str], list[list[int]], dict]:
     """Multi-turn: each row's greedy trajectory with the run's tools or environment. (the last
     model turn's texts, every model token of each, the `env_reward` column)."""
+    from hindsight.rollout.engines.hf import model_turns
     from hindsight.rollout.multiturn.loop import TurnSettings, run_trajectories
     from hindsight.rollout.multiturn.setup import episode_factory
 
     s = TurnSettings(max_turns=multi_turn.max_turns, max_tokens=multi_turn.max_tokens, max_new_tokens=max_new_tokens,
                      temperature=0.0, parser=multi_turn.parser, concurrency=multi_turn.concurrency)
-    episodes, trajs = episode_factory(multi_turn), []
+    episodes, trajs, turns = episode_factory(multi_turn), [], model_turns(model, tok.pad_token_id)
     with Ticker("eval", len(rows), "played") as ticker:
         for i in range(0, len(rows), batch_size):
             chunk = rows[i:i + batch_size]
-            trajs += run_trajectories(model, tok, chunk, [0] * len(chunk), 1, s, episodes)[0]
+            trajs += run_trajectories(model, tok, chunk, [0] * len(chunk), 1, s, episodes, turns)[0]
             ticker.update(len(trajs))
     ids = [[x for x, a in zip(t.ids, t.action) if a] for t in trajs]
     return [t.final_text for t in trajs], ids, {"env_reward": [t.env_reward for t in trajs]}

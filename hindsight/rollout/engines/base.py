@@ -48,7 +48,7 @@ class Engine:
     batches_groups: ClassVar[bool] = False     # samples rollout.groups_per_batch groups in one call
     recompute_logprobs: ClassVar[bool] = True  # its log-probs are not the training model's forward
     not_sampling: ClassVar[tuple[str, ...]] = ()  # keys of its block that change no sampled token
-    multi_turn: ClassVar[bool] = False         # can continue a trajectory turn by turn (rl.rollout.multi_turn)
+    multi_turn: ClassVar[bool] = False         # implements continue_turns (rl.rollout.multi_turn)
 
     @classmethod
     def problem(cls) -> str | None:
@@ -71,6 +71,14 @@ class Engine:
     def sample(self, prompts: list, seeds: list[int], group_size: int):
         """`group_size` completions of each prompt, group i seeded by seeds[i] -> Experience."""
         raise NotImplementedError
+
+    def continue_turns(self, ids, mask, gens: list, max_new_tokens: int, temperature: float, top_p: float,
+                       stop_ids) -> tuple:
+        """Multi-turn: continue each left-padded history of `ids` (N, L) by one model turn of up to
+        `max_new_tokens`, row i drawing from gens[i], each row stopping at one of `stop_ids`.
+        Returns (the new ids (N, T'), padded after a row's end, and their mask (N, T'))."""
+        raise NotImplementedError(f"rl.rollout.backend: {self.name} cannot continue a trajectory turn by turn "
+                                  f"(rl.rollout.multi_turn); use hf")
 
     def close(self) -> None:
         """Free what the engine holds (a GPU engine's memory)."""

@@ -26,3 +26,18 @@ class HF(Engine):
         r = self.ctx.rollout
         return sample_groups(self.policy, self.ctx.tok, prompts, seeds, group_size, r.max_new_tokens, r.temperature,
                              r.top_p, r.logprobs, self.ctx.budget)
+
+    def continue_turns(self, ids, mask, gens: list, max_new_tokens: int, temperature: float, top_p: float,
+                       stop_ids) -> tuple:
+        return model_turns(self.policy, self.ctx.tok.pad_token_id)(ids, mask, gens, max_new_tokens, temperature,
+                                                                    top_p, stop_ids)
+
+
+def model_turns(model, pad_id: int):
+    """`continue_turns` on a plain model: what evaluation, which holds no engine, plays turns with."""
+    def turns(ids, mask, gens: list, max_new_tokens: int, temperature: float, top_p: float, stop_ids) -> tuple:
+        from hindsight.rollout.hf import decode
+
+        out, cmask, _ = decode(model, ids, mask, gens, 1, max_new_tokens, temperature, top_p, stop_ids, pad_id)
+        return out, cmask                                                            # (N, T') each
+    return turns

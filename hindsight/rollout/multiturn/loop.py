@@ -1,10 +1,10 @@
 """The multi-turn rollout: model turns sampled as tokens, tool or environment turns appended as
 the template's tokens, until each trajectory ends.
 
-A turn decodes every live trajectory at once (`rollout.hf.decode`, each from its own
-generator, so a trajectory's tokens never depend on its batch-mates), then every live
-trajectory's episode answers at once in a thread pool: a slow tool holds only the turn, not a
-tool call after another. A trajectory ends when its episode says so (no tool call, a terminal
+A turn decodes every live trajectory at once (the engine's `continue_turns`: hf's runs
+`rollout.hf.decode`), each from its own generator, so a trajectory's tokens never depend on its
+batch-mates; then every live trajectory's episode answers at once in a thread pool: a slow tool
+holds only the turn, not a tool call after another. A trajectory ends when its episode says so (no tool call, a terminal
 environment), at `max_turns` model turns (cut: `turns`), or when the next tokens would pass
 `max_tokens` (cut: `tokens`). What is trained is `ids` with `action` 1 on the sampled tokens.
 """
@@ -18,7 +18,6 @@ import torch
 from hindsight.experience import Experience, pad_left, pad_right
 from hindsight.logprobs import budgeted_logprobs, model_device
 from hindsight.rollout.decoding import end_token_ids
-from hindsight.rollout.hf import decode
 from hindsight.rollout.multiturn.parsers import get_parser
 from hindsight.rollout.multiturn.tools import ToolCall
 from hindsight.rollout.multiturn.render import bridge, first_prompt, retokenized
@@ -67,9 +66,10 @@ def turn_generator(t: Trajectory, turn: int, device) -> torch.Generator:
 
 @torch.no_grad()
 def run_trajectories(model, tok, rows: list[dict], seeds: list[int], group_size: int, s: TurnSettings,
-                     new_episode) -> tuple[list[Trajectory], list]:
-    """`group_size` trajectories of each row (its `prompt` and columns), group i from seeds[i].
-    Returns the trajectories in group order and their episodes (for their rewards)."""
+                     new_episode, turns) -> tuple[list[Trajectory], list]:
+    """`group_size` trajectories of each row (its `prompt` and columns), group i from seeds[i],
+    each model turn played by `turns` (an engine's `continue_turns`). Returns the trajectories in
+    group order and their episodes (for their rewards)."""
     stops = end_token_ids(tok, model)
     trajs, episodes = [], []
     for row, seed in zip(rows, seeds):
@@ -87,7 +87,7 @@ def run_trajectories(model, tok, rows: list[dict], seeds: list[int], group_size:
             if not live:
                 break
             gens = [turn_generator(trajs[i], turn, model_device(model)) for i in live]
-            _model_turn(model, tok, [trajs[i] for i in live], gens, s, stops)
+            _model_turn(turns, tok, [trajs[i] for i in live], gens, s, stops)
             talking = [i for i in live if not trajs[i].done]
             last = turn == s.max_turns - 1
             answers = pool.map(lambda i, last=last: episodes[i].respond(trajs[i].final_text, _calls(s, trajs[i]), last),
@@ -112,11 +112,10 @@ def _calls(s: TurnSettings, t: Trajectory):
         return [ToolCall("", error=f"the tool call cannot be read ({type(exc).__name__})")]
 
 
-def _model_turn(model, tok, live: list[Trajectory], gens, s: TurnSettings, stops) -> None:
+def _model_turn(turns, tok, live: list[Trajectory], gens, s: TurnSettings, stops) -> None:
     room = [s.max_tokens - len(t.ids) for t in live]
     ids, mask = pad_left([t.prompt_ids + t.ids for t in live], tok.pad_token_id)      # (N, L)
-    out, cmask, _ = decode(model, ids, mask, gens, 1, min(s.max_new_tokens, max(room)), s.temperature, s.top_p,
-                           stops, tok.pad_token_id)                                      # (N, T') each
+    out, cmask = turns(ids, mask, gens, min(s.max_new_tokens, max(room)), s.temperature, s.top_p, stops)  # (N, T')
     for k, t in enumerate(live):
         new = out[k, : int(cmask[k].sum())].tolist()[: room[k]]
         start = len(t.ids)

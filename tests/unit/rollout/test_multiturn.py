@@ -10,10 +10,9 @@ import torch
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.models.source import resolve_model_path
 from hindsight.models.tiny import teach_short_turns
-from hindsight.rollout import hf
-from hindsight.rollout.multiturn import loop
 from hindsight.rollout.multiturn.episodes import GymEpisode, ToolEpisode
 from hindsight.rollout.multiturn.loop import TurnSettings, run_trajectories, to_experience
+from hindsight.rollout.engines.hf import model_turns as turns_of
 from hindsight.rollout.multiturn.parsers import get_parser
 from hindsight.rollout.multiturn.tools import Tool, ToolCall, Toolbox
 from tests.unit.rollout.multiturn_envs import games
@@ -27,26 +26,25 @@ def tiny(tmp_path_factory):
     return teach_short_turns(load_causal_lm(path, "float32"), load_tokenizer(path)), load_tokenizer(path)
 
 
-def _recording(monkeypatch):
-    """Every turn's sampled tokens, as the decoder emitted them."""
-    emitted = []
-    real = hf.decode
+def _recording(model, tok):
+    """Every turn's sampled tokens, as the engine's turns emitted them; and those turns."""
+    emitted, real = [], turns_of(model, tok.pad_token_id)
 
-    def spy(model, ids, mask, gens, *a, **k):
-        out, cmask, lp = real(model, ids, mask, gens, *a, **k)
+    def spy(ids, mask, gens, *a, **k):
+        out, cmask = real(ids, mask, gens, *a, **k)
         emitted.append([out[i, : int(cmask[i].sum())].tolist() for i in range(out.size(0))])
-        return out, cmask, lp
+        return out, cmask
 
-    monkeypatch.setattr(loop, "decode", spy)
-    return emitted
+    return emitted, spy
 
 
-def test_over_a_thousand_trajectories_the_trained_ids_are_the_sampled_ids(tiny, monkeypatch):
+def test_over_a_thousand_trajectories_the_trained_ids_are_the_sampled_ids(tiny):
     model, tok = tiny
-    emitted = _recording(monkeypatch)
+    emitted, turns = _recording(model, tok)
     s = TurnSettings(max_turns=3, max_tokens=48, max_new_tokens=12, concurrency=4)
     rows = [{"prompt": f"Round {i}", "secret": i % 10} for i in range(128)]
-    trajs, _ = run_trajectories(model, tok, rows, list(range(128)), 8, s, lambda: GymEpisode(games.GuessNumber()))
+    trajs, _ = run_trajectories(model, tok, rows, list(range(128)), 8, s, lambda: GymEpisode(games.GuessNumber()),
+                                turns)
     assert len(trajs) == 1024
     # what each turn's decode emitted, by trajectory: turn k decodes, in order, every trajectory
     # with more than k model turns
@@ -98,8 +96,10 @@ def test_a_trajectory_does_not_depend_on_its_batch_mates(tiny):
     model, tok = tiny
     s = TurnSettings(max_turns=3, max_tokens=40, max_new_tokens=10)
     rows = [{"prompt": "Round a", "secret": 3}, {"prompt": "Round b", "secret": 7}]
-    both, _ = run_trajectories(model, tok, rows, [11, 12], 2, s, lambda: GymEpisode(games.GuessNumber()))
-    alone, _ = run_trajectories(model, tok, rows[1:], [12], 2, s, lambda: GymEpisode(games.GuessNumber()))
+    both, _ = run_trajectories(model, tok, rows, [11, 12], 2, s, lambda: GymEpisode(games.GuessNumber()),
+                               turns_of(model, tok.pad_token_id))
+    alone, _ = run_trajectories(model, tok, rows[1:], [12], 2, s, lambda: GymEpisode(games.GuessNumber()),
+                                turns_of(model, tok.pad_token_id))
     assert [t.ids for t in both[2:]] == [t.ids for t in alone]
 
 
@@ -109,7 +109,8 @@ def test_environment_turns_get_exactly_zero_gradient(tiny):
 
     s = TurnSettings(max_turns=3, max_tokens=40, max_new_tokens=8)
     rows = [{"prompt": "Round a", "secret": 3}, {"prompt": "Round b", "secret": 7}]
-    trajs, _ = run_trajectories(model, tok, rows, [1, 2], 2, s, lambda: GymEpisode(games.GuessNumber()))
+    trajs, _ = run_trajectories(model, tok, rows, [1, 2], 2, s, lambda: GymEpisode(games.GuessNumber()),
+                                turns_of(model, tok.pad_token_id))
     exp = to_experience(model, trajs, 2, tok.pad_token_id, 1.0)
     assert (exp.completion_mask.sum() > exp.loss_mask.sum()), "there are environment tokens"
     exp.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
@@ -172,7 +173,7 @@ def test_tools_in_the_first_prompt_and_tool_turns_as_template_tokens(tiny):
             return super().respond(text, [ToolCall("add", {"a": 123, "b": 456})], last)
 
     trajs, _ = run_trajectories(model, tok, [{"prompt": "What is 123 + 456?"}], [5], 2, s,
-                                lambda: Scripted([Tool(games.add, "t")]))
+                                lambda: Scripted([Tool(games.add, "t")]), turns_of(model, tok.pad_token_id))
     t = trajs[0]
     assert '"name": "add"' in tok.decode(t.prompt_ids)
     if t.cut != "tokens":  # the first turn ended at <|im_end|>
@@ -212,7 +213,8 @@ def test_trls_own_increment_env_and_a_plain_tools_list_run_unchanged(tiny):
             return super().respond(text, [ToolCall("increment", {"a": 2}), ToolCall("add", {"a": 1, "b": 2})], last)
 
     trajs, episodes = run_trajectories(model, tok, [{"prompt": "Increment by two."}], [3], 2, s,
-                                       lambda: Driven([Tool(games.add, "t")], games.IncrementEnv(), "t"))
+                                       lambda: Driven([Tool(games.add, "t")], games.IncrementEnv(), "t"),
+                                       turns_of(model, tok.pad_token_id))
     prompt = tok.decode(trajs[0].prompt_ids)
     assert '"name": "increment"' in prompt and '"name": "add"' in prompt
     for t, ep in zip(trajs, episodes):
