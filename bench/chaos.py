@@ -75,8 +75,8 @@ def _train(cfg: dict, init: str, chaos=None, steps: int | None = None):
     from hindsight.coordination.run import RLRun
 
     run = RLRun(PipelineConfig.model_validate(cfg), init, None)
-    took, last = [], [time.monotonic()]
-    threading.Thread(target=_wedge_alarm, args=(last, took), daemon=True).start()
+    took, last, ended = [], [time.monotonic()], threading.Event()
+    threading.Thread(target=_wedge_alarm, args=(last, took, ended), daemon=True).start()
     try:
         if chaos is not None:
             chaos.start(run, took)
@@ -91,13 +91,13 @@ def _train(cfg: dict, init: str, chaos=None, steps: int | None = None):
             chaos.stop()
         return {k: v.detach().clone() for k, v in run.policy.state_dict().items()}, run, took
     finally:
+        ended.set()  # this run's alarm ends with it (the next run in this process has its own)
         run.close()
 
 
-def _wedge_alarm(last: list[float], took: list[float], limit_s: float = 180.0) -> None:
+def _wedge_alarm(last: list[float], took: list[float], ended: threading.Event, limit_s: float = 180.0) -> None:
     """A run with no step done for `limit_s` is wedged: say so and end the bench with an error."""
-    while True:
-        time.sleep(5.0)
+    while not ended.wait(5.0):
         if time.monotonic() - last[0] > limit_s:
             print(f"wedged 1: no step done for {limit_s:g} s after step {len(took)}", flush=True)
             os._exit(1)
