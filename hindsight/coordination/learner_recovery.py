@@ -27,6 +27,7 @@ def rebuild_learner(run, step: int, lost: PeerLost) -> list[int]:
                          f"already (rl.workers.replacements {limit}); rerun to resume from the newest checkpoint"
                          ) from lost
     run.learner_rebuilds += 1
+    run.watchdog.progress()  # rebuilding and replaying is the update phase moving on, not stalling
     t0, start, fit = time.perf_counter(), run.ckpt.intact_step(), run.learner.budget_fit
     run.learner.close()  # the broken process group, and the peers still alive
     pad_id = run.tok.pad_token_id
@@ -43,6 +44,7 @@ def rebuild_learner(run, step: int, lost: PeerLost) -> list[int]:
     run.set_lr()  # rl.learner.lr with the alerts' cuts so far
     replayed = list(range(start or 0, step))
     for s in replayed:
+        run.watchdog.progress()
         run.train_stored(s)
     event = {"time": time.time(), "step": step, "role": "learner", "worker": "learner group", "why": str(lost),
              "checkpoint": start or 0, "replayed": replayed, "seconds": round(time.perf_counter() - t0, 3),

@@ -48,7 +48,9 @@ def start_ray(address: str | None, needs: dict[str, float] | None = None, wait_s
                 _reachable(address, wait_s)
                 ray.init(address=address, **kwargs)
             else:
-                ray.init(num_cpus=os.cpu_count() or 1, **kwargs)
+                # "local": a cluster of our own, never one a `ray start` on this machine left in
+                # /tmp/ray/ray_current_cluster (joining that one is what ray_address is for)
+                ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)
         except ConfigError:
             raise
         except Exception as exc:  # ray raises several types for an unreachable or broken cluster

@@ -37,6 +37,7 @@ class Rollouts:
         self.pool_metrics: dict[str, float] = {}  # the Ray pool's deaths and reassignments, logged per step
         self._rolled, self._ahead, self._threads_before = {}, {}, None
         self._policy, self._kept, self.replaced = policy, {}, 0  # async: what a replaced sampler is given
+        self.on_progress = lambda: None  # told when a role is replaced: the step watchdog's clock restarts
         if self.rl.async_.max_staleness:  # the sampler process samples, with weights of its own
             return
         if self.rl.workers.placement == "ray":
@@ -226,6 +227,7 @@ class Rollouts:
         say(f"rl: step {step}: the {stalled}; replaced ({self.replaced} of rl.workers.replacements {w.replacements})")
         flight = sorted(self._rolled)
         needs = {s: version_for(s, self.rl.async_.max_staleness) for s in flight}
+        self.on_progress()
         self.sampler = self.sender = self._new_sampler(min(needs.values(), default=self.version))
         for version in sorted(set(needs.values())):
             self.sampler.publish(version, _Weights(self._kept[version]))

@@ -90,6 +90,7 @@ class RLRun:
         truncate_rows_after(self.paths.alerts, self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
         self.watchdog = Watchdog(self.paths.stalls, self.rl.workers, self._children)  # no phase wedges the run
+        self.rollouts.on_progress = self.watchdog.progress  # a replaced sampler is progress, not a stall
         self.updating = False  # a step's update or follow-up has begun: a failure now is not retried in place
         self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
         if start:  # last, so that nothing built above draws from the restored generators

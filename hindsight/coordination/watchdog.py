@@ -34,6 +34,7 @@ class Watchdog:
         self.took: dict[str, list[float]] = {}
         self._lock, self._wake = threading.Lock(), threading.Event()
         self._armed: tuple | None = None  # (role, step, started, limit, thread ident)
+        self._since = 0.0  # the armed phase's last progress (its start, or a progress() since)
         self._handler = None
         self._fired: RoleStalled | None = None
         self._closed = False
@@ -53,6 +54,7 @@ class Watchdog:
         started = time.monotonic()
         with self._lock:
             self._armed, self._fired = (role, step, started, self.limit_s(role), threading.get_ident()), None
+            self._since = started
         self._wake.set()
         try:
             yield
@@ -65,16 +67,24 @@ class Watchdog:
                 self._armed = None
         self.took[role] = (self.took.get(role, []) + [time.monotonic() - started])[-20:]
 
+    def progress(self) -> None:
+        """The phase in hand moved on, though it has not ended (a role replaced, a stored step
+        trained again): its limit counts from now."""
+        with self._lock:
+            if self._armed is not None:
+                self._since = time.monotonic()
+        self._wake.set()
+
     def _watch(self) -> None:
         while not self._closed:
             with self._lock:
-                armed = self._armed
+                armed, since = self._armed, self._since
             if armed is None:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
             role, step, started, limit, ident = armed
-            left = started + limit - time.monotonic()
+            left = since + limit - time.monotonic()
             if left > 0:
                 self._wake.wait(min(left, 1.0))
                 self._wake.clear()

@@ -70,6 +70,25 @@ def test_a_phase_spinning_on_another_thread_is_interrupted(tmp_path):
         dog.close()
 
 
+def test_progress_restarts_the_phase_clock(tmp_path):
+    """A phase that replaces a role (or trains a stored step again) says so; it is not stalled
+    while it keeps moving, though its whole length passes the limit several times."""
+    dog = Watchdog(tmp_path / "stalls", _workers(stall_min_s=0.5, stall_first_s=0.5))
+    try:
+        t0 = time.monotonic()
+        with dog.phase("update", 1):
+            for _ in range(8):  # 2 s in all, against a limit of 0.5 s
+                time.sleep(0.25)
+                dog.progress()
+        assert time.monotonic() - t0 >= 2.0
+        assert not (tmp_path / "stalls").exists()  # no report: it never stalled
+        with pytest.raises(RoleStalled, match=r"step 2: the score phase"):
+            with dog.phase("score", 2):
+                _stuck_in_sleep()  # and without progress a phase still fires
+    finally:
+        dog.close()
+
+
 def test_liveness_tells_silent_from_alive_and_stuck():
     workers = SimpleNamespace(lease_ttl_s=10.0, lease_s_per_token=0.5)
     life = Liveness(silent_after_s=5.0, deadline_s=work_deadline_s(workers, 20), start_s=60.0, beat_at=0.0,
