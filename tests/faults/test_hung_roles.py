@@ -14,6 +14,9 @@ from hindsight.coordination.liveness import RoleStalled
 from hindsight.coordination.run import RLRun
 from test_async import _cfg
 
+# the phase that waits on a replaced sampler restarts its clock then (Watchdog.progress), but the new
+# sampler's start-up on a loaded machine (a fresh interpreter, torch, the model) took over 6 s in CI
+SLOW_MACHINE_S = 30.0
 LIVENESS = {"heartbeat_s": 0.25, "silent_after_s": 4.0, "lease_ttl_s": 6.0, "lease_s_per_token": 0.0,
             "stall_first_s": 30.0, "stall_min_s": 6.0}
 
@@ -79,7 +82,7 @@ def test_a_stopped_sampler_is_replaced_and_the_run_ends_as_an_uninterrupted_one(
             return sent
         run.rollouts.publish = then_stop
 
-    weights, run, took = _train(work, init, tmp_path / "run", before_step=stop)
+    weights, run, took = _train(work, init, tmp_path / "run", before_step=stop, stall_min_s=SLOW_MACHINE_S)
     _same_run(clean, weights, run)
     events = [json.loads(x) for x in (tmp_path / "run/rl/workers.jsonl").read_text().splitlines()]
     assert len(events) == 1 and events[0]["role"] == "sampler" and events[0]["step"] in (1, 2), events
@@ -99,7 +102,8 @@ def test_a_sampler_hung_in_a_reward_is_replaced_with_its_stacks(tiny_init, tmp_p
         if step == 1:
             marker.touch()  # the sampler's next reward call (scoring step 2, or 1) never returns
 
-    weights, run, took = _train(work, init, tmp_path / "run", before_step=hang, reward="helpers:hangs_once")
+    weights, run, took = _train(work, init, tmp_path / "run", before_step=hang, reward="helpers:hangs_once",
+                                stall_min_s=SLOW_MACHINE_S)
     _same_run(clean, weights, run)
     events = [json.loads(x) for x in (tmp_path / "run/rl/workers.jsonl").read_text().splitlines()]
     assert len(events) == 1 and "alive but nothing written" in events[0]["why"], events
