@@ -107,3 +107,21 @@ def run_rl_killable(work, env, config: str, run_dir: str, fault: str | None = No
                 pass
     text = log.read_text()
     return subprocess.CompletedProcess(proc.args, rc, text, text)
+
+
+def paused_pid(marker: Path) -> int:
+    """The pid a `pause:point:step:MARKER` fault wrote, once it has fired (hindsight/faults.py)."""
+    import time
+
+    while not marker.exists():
+        time.sleep(0.05)
+    return int(marker.read_text())
+
+
+def stop_when_paused(marker: Path) -> None:
+    """In a thread: SIGSTOP the process that reaches the pause fault's point, hung, not dead."""
+    import os
+    import signal
+    import threading
+
+    threading.Thread(target=lambda: os.kill(paused_pid(marker), signal.SIGSTOP), daemon=True).start()

@@ -10,11 +10,11 @@ import json
 import os
 import sys
 import threading
-import time
 
 import pytest
 import torch
 
+from helpers import paused_pid
 from hindsight.config import PipelineConfig
 from hindsight.coordination.run import RLRun
 
@@ -57,9 +57,7 @@ def _cfg(work, run_dir, **workers) -> dict:
 
 def _remove_when_paused(cluster, run, marker, removed: list) -> None:
     """Wait for the paused worker's pid, then remove the node its actor lives on."""
-    while not marker.exists():
-        time.sleep(0.1)
-    pid = marker.read_text()
+    pid = str(paused_pid(marker))
     host = next(h for h in run.rollouts.pool.hosts.values() if h.split(":")[1] == pid)
     node = next(n for n in cluster.worker_nodes if n.node_id == host.split(":")[2])
     cluster.remove_node(node, allow_graceful=False)

@@ -3,14 +3,12 @@ SIGKILLed mid-step loses only the groups it had not written, which are generated
 replacement; the run completes, the ledger shows every group trained exactly once, and the
 final weights equal an uninterrupted run's."""
 import json
-import os
-import signal
 import threading
-import time
 
 import pytest
 import torch
 
+from helpers import stop_when_paused
 from hindsight.config import PipelineConfig
 from hindsight.coordination.run import RLRun
 
@@ -111,13 +109,6 @@ def test_a_scorer_killed_mid_step_is_replaced_and_nothing_is_lost(init, tmp_path
     reference.close(), run.close()
 
 
-def _stop_when_paused(marker) -> None:
-    """SIGSTOP the worker that reached the fault's point (it wrote its pid there): hung, not dead."""
-    while not marker.exists():
-        time.sleep(0.05)
-    os.kill(int(marker.read_text()), signal.SIGSTOP)
-
-
 @pytest.mark.parametrize("role, point, events", [
     ("rollout", "rollout-group0", [(1, "rollout-0", [0], [2])]),  # rollout-0 leases groups 0 and 2
     ("scorer", "score-group1", [(1, "scorer-0", [0, 1], [2, 3])]),  # scorer-0 scores all four
@@ -129,7 +120,7 @@ def test_a_stopped_worker_is_replaced_when_its_lease_expires(init, tmp_path, mon
     reference, _ = _run(*init, tmp_path / "reference")
     marker = tmp_path / "paused"
     monkeypatch.setenv("HINDSIGHT_FAULT", f"pause:{point}:1:{marker}")
-    threading.Thread(target=_stop_when_paused, args=(marker,), daemon=True).start()
+    stop_when_paused(marker)
     run, metrics = _run(*init, tmp_path / "stopped", placement="ray", rollout=1 + (role == "rollout"),
                         scorer=1, lease_ttl_s=5.0, lease_s_per_token=0.0)
     found = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
@@ -178,7 +169,6 @@ def test_a_scale_the_cluster_cannot_place_is_refused_and_the_run_keeps_its_worke
     `hindsight scale` prints."""
     import subprocess
     import sys
-    import threading
 
     from hindsight.coordination.scale import request_scale, scale_outcome
 

@@ -3,14 +3,11 @@ train the weights a single process trains at the same global batch, for GRPO and
 with its critic, and no process is started per step. A rank lost mid-stage (killed, or stopped
 answering) is rebuilt in place (issue 47)."""
 import json
-import os
-import signal
-import threading
-import time
 
 import pytest
 import torch
 
+from helpers import stop_when_paused
 from hindsight.config import PipelineConfig
 from hindsight.coordination.run import RLRun
 
@@ -104,13 +101,6 @@ def test_two_learners_train_what_one_trains(init, tmp_path, algorithm, batching)
     one.close(), two.close()
 
 
-def _stop_when_paused(marker) -> None:
-    """SIGSTOP the rank that reached the fault's point (it wrote its pid there)."""
-    while not marker.exists():
-        time.sleep(0.05)
-    os.kill(int(marker.read_text()), signal.SIGSTOP)
-
-
 @pytest.mark.parametrize("fault", ["kill_once", "pause"], ids=["sigkill", "sigstop"])
 def test_a_lost_learner_rank_is_rebuilt_in_place_and_the_run_ends_as_an_uninterrupted_one(init, tmp_path, monkeypatch,
                                                                                         fault):
@@ -125,7 +115,7 @@ def test_a_lost_learner_rank_is_rebuilt_in_place_and_the_run_ends_as_an_uninterr
     marker = tmp_path / "hit"
     monkeypatch.setenv("HINDSIGHT_FAULT", f"{fault}:learner1:1:{marker}")
     if fault == "pause":
-        threading.Thread(target=_stop_when_paused, args=(marker,), daemon=True).start()
+        stop_when_paused(marker)
     raw = reference.cfg.model_dump(mode="json", by_alias=True)
     raw["run_dir"], raw["rl"]["workers"] = str(tmp_path / "run"), {"placement": "ray", "collective_min_s": 15}
     raw["rl"]["learner"]["processes"], raw["rl"]["save_every"] = 2, 2
