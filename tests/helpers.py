@@ -21,6 +21,24 @@ def hangs_once(completions, **_):
     return varied(completions)
 
 
+def slow(completions, **_):
+    """`varied`, after $HINDSIGHT_TEST_SLOW_S seconds: a reward that is slow, not stuck."""
+    import os
+    import time
+
+    time.sleep(float(os.environ.get("HINDSIGHT_TEST_SLOW_S", "0")))
+    return varied(completions)
+
+
+def stops_itself(completions, **_):
+    """SIGSTOPs its own process: a reward worker that falls silent on every call."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return varied(completions)
+
+
 class Guess:
     """A gym-style game for multi-turn tests: guess the answer's last digit, told higher or lower."""
 

@@ -30,7 +30,7 @@ class Scorers:
         if rl.kl.coef > 0:  # with LoRA, the base under the policy's adapter: no second copy
             self.ref = AdapterDisabled(policy) if rl.lora.enabled else load_causal_lm(init_path, cfg.model.dtype).eval()
         self.rm = load_reward_model(rm_path).eval() if rm_path and rl.scoring.reward_model_weight > 0 else None
-        self.reward_worker = RewardWorker() if rl.scoring.isolation == "process" else None
+        self.reward_worker = RewardWorker.for_run(rl)
         self.local = [Scorer(f"local-scorer-{i}", rl, pad_id, self.ref, self.rm, self.reward_worker, store)
                       for i in range(rl.workers.scorer)]
 
@@ -70,6 +70,8 @@ class Scorers:
                 s.compute_s = 0.0
         if self.pool is not None:
             metrics.update(self.pool.metrics())  # scorer deaths and reassigned groups
+        if self.reward_worker is not None:  # so far in the run, as the pools count their deaths
+            metrics["workers/reward_worker_replaced"] = float(self.reward_worker.replaced)
         return metrics
 
     def close(self) -> None:

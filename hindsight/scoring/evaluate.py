@@ -113,7 +113,7 @@ def judge_worker(cfg, worker=None):
     if worker is not None or cfg.rl.scoring.isolation != "process":
         yield worker
         return
-    own = RewardWorker()
+    own = RewardWorker.for_run(cfg.rl)
     try:
         yield own
     finally:

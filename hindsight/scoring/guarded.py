@@ -6,15 +6,27 @@ fresh interpreter (`python -c`, with the parent's import path), not a fork (the 
 torch and Prefect threads) and not multiprocessing's spawn, which re-imports the caller's
 `__main__`: a user's script without a main guard would start its training again in the worker.
 The two talk through multiprocessing's `Connection` over a socket pair.
+
+The worker says it is alive every `heartbeat_s` from a thread of its own, so the parent tells a
+slow reward (beats go on; its timeout applies, then the fallback) from a worker that stopped
+(SIGSTOP, a frozen container, a hang that holds the GIL): no beat for `silent_after_s`. A silent
+worker is replaced and the call made once more on the fresh one, so a stopped process costs the
+score nothing; silent twice, the call is a timeout.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from multiprocessing import current_process
 from multiprocessing.connection import Connection
+
+
+log = logging.getLogger(__name__)
 
 
 class RewardTimeout(Exception):
@@ -37,21 +49,49 @@ class RewardExited(Exception):
         self.code = code
 
 
-def serve_fd(fd: int) -> None:
+class _Silent(Exception):
+    """No beat from the worker for `silent_after_s`."""
+
+
+def serve_fd(fd: int, heartbeat_s: float = 1.0) -> None:
     """The worker process's entry: serve calls on the socket `fd` until told to stop."""
     conn = Connection(fd)
     # the parent's key first: a tensor in a reward's result goes back through torch's shared-memory
     # reduction, whose fd handover authenticates with it (spawn's children inherit it)
     current_process().authkey = conn.recv_bytes()
-    _serve(conn)
+    _serve(_Locked(conn), heartbeat_s)
 
 
-def _serve(conn) -> None:
+class _Locked:
+    """The connection, with sends from the beat thread and the serving loop never interleaved."""
+
+    def __init__(self, conn):
+        self.conn, self.lock = conn, threading.Lock()
+
+    def send(self, obj) -> None:
+        with self.lock:
+            self.conn.send(obj)
+
+    def recv(self):
+        return self.conn.recv()
+
+
+def _beat(conn: _Locked, every_s: float) -> None:
+    while True:
+        time.sleep(every_s)
+        try:
+            conn.send(("beat", None))
+        except OSError:  # the parent closed its end: the serving loop ends the process
+            return
+
+
+def _serve(conn: _Locked, heartbeat_s: float) -> None:
     import signal
 
     from hindsight.scoring.reward_fns import load_reward_fn, plain_result
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the stage decides, not the worker
+    threading.Thread(target=_beat, args=(conn, heartbeat_s), daemon=True).start()
 
     while True:
         try:
@@ -71,15 +111,28 @@ def _serve(conn) -> None:
 
 
 class RewardWorker:
-    def __init__(self):
+    @classmethod
+    def for_run(cls, rl) -> "RewardWorker | None":
+        """The run's reward worker (None when its rewards run inline), beating as its roles do."""
+        if rl.scoring.isolation != "process":
+            return None
+        return cls(rl.workers.heartbeat_s, rl.workers.silent_after_s)
+
+    def __init__(self, heartbeat_s: float = 1.0, silent_after_s: float = 30.0):
         self._proc = None
         self._conn = None
+        self.heartbeat_s, self.silent_after_s = heartbeat_s, silent_after_s
+        self.replaced = 0  # workers found silent and replaced
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             return
         mine, theirs = socket.socketpair()
-        code = f"from hindsight.scoring.guarded import serve_fd; serve_fd({theirs.fileno()})"
+        code = f"from hindsight.scoring.guarded import serve_fd; serve_fd({theirs.fileno()}, {self.heartbeat_s!r})"
         self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
                                       stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         theirs.close()
@@ -87,22 +140,55 @@ class RewardWorker:
         self._conn.send_bytes(bytes(current_process().authkey))
 
     def call(self, spec: str, kwargs: dict, timeout_s: float) -> list:
-        """`fn(**kwargs)` in the worker process, bounded by `timeout_s`."""
-        self._ensure()
-        self._conn.send((spec, kwargs))
-        if not self._conn.poll(timeout_s):
-            self.close(kill=True)
-            raise RewardTimeout(f"reward {spec} ran past its {timeout_s:g}s timeout")
-        try:
-            status, payload = self._conn.recv()
-        except EOFError:
-            self.close(kill=True)
-            raise RewardCrashed(f"reward {spec} killed its worker process") from None
+        """`fn(**kwargs)` in the worker process, bounded by `timeout_s`; a worker that falls
+        silent is replaced and the call made again, once."""
+        for attempt in (1, 2):
+            self._ensure()
+            while self._conn.poll(0):  # beats sent while no call was waiting: stale
+                self._conn.recv()
+            self._conn.send((spec, kwargs))
+            try:
+                status, payload = self._answer(spec, timeout_s)
+                break
+            except _Silent:
+                pid = self._proc.pid
+                self.close(kill=True)
+                self.replaced += 1
+                log.warning("reward worker pid %d sent no heartbeat for %gs (stopped, or hung holding the "
+                            "interpreter) during %s: replaced%s", pid, self.silent_after_s, spec,
+                            ", the call made again" if attempt == 1 else "; silent twice, the call is a timeout")
+        else:
+            raise RewardTimeout(f"reward {spec}: its worker fell silent twice (rl.workers.silent_after_s "
+                                f"{self.silent_after_s:g})")
         if status == "error":
             raise RewardRaised(payload)
         if status == "exit":
             raise RewardExited(payload)
         return payload
+
+    def _answer(self, spec: str, timeout_s: float) -> tuple:
+        """The worker's answer to the call just sent, skipping its beats; raises `RewardTimeout`
+        past `timeout_s` (the worker beating: a slow reward) and `_Silent` with no beat for
+        `silent_after_s` (the worker stopped)."""
+        now = time.monotonic()
+        deadline, heard = now + timeout_s, now
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                self.close(kill=True)
+                raise RewardTimeout(f"reward {spec} ran past its {timeout_s:g}s timeout")
+            if now >= heard + self.silent_after_s:
+                raise _Silent()
+            if not self._conn.poll(min(deadline, heard + self.silent_after_s) - now):
+                continue
+            try:
+                status, payload = self._conn.recv()
+            except EOFError:
+                self.close(kill=True)
+                raise RewardCrashed(f"reward {spec} killed its worker process") from None
+            heard = time.monotonic()
+            if status != "beat":
+                return status, payload
 
     def close(self, kill: bool = False) -> None:
         if self._proc is None:

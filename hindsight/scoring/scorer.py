@@ -36,7 +36,7 @@ class Scorer:
 
         ref = load_causal_lm(init_path, dtype).eval() if rl.kl.coef > 0 else None
         rm = load_reward_model(rm_path).eval() if rm_path and rl.scoring.reward_model_weight > 0 else None
-        worker = RewardWorker() if rl.scoring.isolation == "process" else None
+        worker = RewardWorker.for_run(rl)
         return cls(scorer_id, rl, load_tokenizer(init_path).pad_token_id, ref, rm, worker, RolloutStore(store_root))
 
 

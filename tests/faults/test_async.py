@@ -20,12 +20,13 @@ from hindsight.coordination.run import RLRun
 DRIVER = Path(__file__).with_name("async_driver.py")
 
 
-def _cfg(work, run_dir, k, steps=8, **rl) -> dict:
+def _cfg(work, run_dir, k, steps=8, scoring=None, learner=None, **rl) -> dict:
     return {"name": "async", "seed": 3, "run_dir": str(run_dir),
             "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-            "rl": {"steps": steps, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
-                   "lr": 1e-2, "save_every": 2, "rollout": {"max_new_tokens": 5, "groups_per_batch": 4},
-                   "rewards": [{"fn": "helpers:varied"}], "async": {"max_staleness": k}, **rl}}
+            "rl": {"steps": steps, "prompts_per_step": 4, "samples_per_prompt": 4, "learner": {"lr": 1e-2, **(learner or {})},
+                   "save_every": 2, "rollout": {"max_new_tokens": 5, "groups_per_batch": 4},
+                   "scoring": {"rewards": [{"fn": "helpers:varied"}], "isolation": "inline", **(scoring or {})},
+                   "async": {"max_staleness": k}, **rl}}
 
 
 @pytest.mark.parametrize("k", [1, 2])

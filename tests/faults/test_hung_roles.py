@@ -21,13 +21,15 @@ LIVENESS = {"heartbeat_s": 0.25, "silent_after_s": 4.0, "lease_ttl_s": 6.0, "lea
             "stall_first_s": 30.0, "stall_min_s": 6.0}
 
 
-def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varied", k=1, **workers):
+def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varied", k=1, isolation="inline",
+           **workers):
     """Run `steps` steps (async, k = 1, unless `k` says) in this process; `before_step(run, step)`
     may break a role; a phase the watchdog stops is run again, as the steps task's retry does.
     Returns (the final weights, the run, seconds each rollout took)."""
-    cfg = _cfg(work, run_dir, k, steps=steps, workers={**LIVENESS, **workers}, rewards=[{"fn": reward}])
+    cfg = _cfg(work, run_dir, k, steps=steps, workers={**LIVENESS, **workers},
+               scoring={"rewards": [{"fn": reward}], "isolation": isolation})
     run = RLRun(PipelineConfig.model_validate(cfg), init, None)
-    took = []
+    took, run.score_metrics = [], []  # each step's scoring metrics, for the tests to read
     try:
         for step in range(steps):
             if before_step is not None:
@@ -36,9 +38,9 @@ def _train(work, init, run_dir, steps=4, before_step=None, reward="helpers:varie
             run.rollout(step)
             took.append(time.monotonic() - t0)
             try:
-                run.score(step)
+                run.score_metrics.append(run.score(step)[1])
             except RoleStalled:
-                run.score(step)
+                run.score_metrics.append(run.score(step)[1])
             run.update(step)
         return {k: v.detach().clone() for k, v in run.policy.state_dict().items()}, run, took
     finally:
@@ -127,13 +129,20 @@ def test_a_dead_sampler_is_replaced_and_past_the_limit_fails_naming_its_log(tiny
                before_step=lambda run, step: step == 0 and run.rollouts.sampler.proc.kill())
 
 
+@pytest.fixture(scope="module")
+def clean_sync(tiny_init, tmp_path_factory):
+    work, init = tiny_init
+    weights, _, _ = _train(work, init, tmp_path_factory.mktemp("clean-sync") / "run", k=0)
+    return weights
+
+
 def test_a_score_phase_hung_in_this_process_is_stopped_by_the_watchdog_and_retried(tiny_init, tmp_path,
-                                                                                   monkeypatch):
+                                                                                   clean_sync, monkeypatch):
     """Synchronous (k = 0): the reward runs in the stage's own process and hangs there. The
     watchdog stops the phase after its limit, with a report naming the score phase and the
     reward's frame; the retried phase keeps what was scored and the run ends as a clean one."""
     work, init = tiny_init
-    clean, _, _ = _train(work, init, tmp_path / "clean", k=0)
+    clean = clean_sync
     marker = tmp_path / "hang"
     monkeypatch.setenv("HINDSIGHT_TEST_HANG", str(marker))
     weights, run, _ = _train(work, init, tmp_path / "run", k=0, reward="helpers:hangs_once",
@@ -143,3 +152,32 @@ def test_a_score_phase_hung_in_this_process_is_stopped_by_the_watchdog_and_retri
     assert len(reports) == 1 and reports[0].name.startswith("step-000002-score-"), reports
     text = reports[0].read_text()
     assert text.startswith("score stalled at step 2: no progress for 6 s") and "hangs_once" in text
+
+
+def test_a_stopped_reward_worker_is_replaced_and_the_run_ends_as_a_clean_one(tiny_init, tmp_path, clean_sync):
+    """Synchronous, rewards in their worker process (rl.scoring.isolation: process): the worker is
+    stopped between steps 1 and 2. Step 2's reward call hears no heartbeat for silent_after_s, so
+    the worker is replaced and the call made again: no score falls back, and the run ends as a clean
+    one (the scores are the same inline or in a worker)."""
+    work, init = tiny_init
+    stopped = []
+
+    def stop(run, step):
+        if step == 2:
+            stopped.append(run.scorers.reward_worker.pid)
+            os.kill(stopped[0], signal.SIGSTOP)
+
+    t0 = time.monotonic()
+    weights, run, _ = _train(work, init, tmp_path / "run", k=0, isolation="process", before_step=stop)
+    took = time.monotonic() - t0
+    _same_run(clean_sync, weights, run)
+    assert run.scorers.reward_worker.replaced == 1 and run.scorers.reward_worker.pid != stopped[0]
+    assert not any(v for m in run.score_metrics for k, v in m.items() if k.startswith("reward/failures/")), \
+        run.score_metrics  # no score fell back
+    assert [m["workers/reward_worker_replaced"] for m in run.score_metrics] == [0.0, 0.0, 1.0, 1.0]
+    score_s = [m["time/score_s"] for m in run.score_metrics]
+    # within the deadline and a step, plus a fresh worker's start (an interpreter and the reward's
+    # imports: under a second here, more on a loaded machine)
+    assert score_s[2] <= LIVENESS["silent_after_s"] + max(score_s[:2] + score_s[3:]) + SLOW_MACHINE_S / 3, score_s
+    print(f"4 steps in {took:.1f} s; scoring took {[round(t, 2) for t in score_s]} s, "
+          f"silent_after_s {LIVENESS['silent_after_s']}")
