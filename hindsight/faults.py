@@ -11,6 +11,8 @@
                           removes it (its Ray node, say) or a lease deadline passes
     disk_full:SUBSTRING   every atomic write whose path contains SUBSTRING fails with ENOSPC
                           after writing half its bytes, as a full disk would
+    disk_full_while:FILE  every atomic write fails so while the file FILE exists: a disk full for
+                          as long as a test or the chaos soak keeps FILE
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ def crash_point(point: str, step: int) -> None:
 
 def disk_full(path) -> bool:
     spec = os.environ.get("HINDSIGHT_FAULT", "")
+    if spec.startswith("disk_full_while:"):
+        return os.path.exists(spec.removeprefix("disk_full_while:"))
     return spec.startswith("disk_full:") and spec.removeprefix("disk_full:") in str(path)
 
 

@@ -2,7 +2,12 @@
 
 A rename within one filesystem is atomic, so a reader (or a resume after SIGKILL) sees
 either the old complete file or the new complete one, never a torn write. A write that
-fails (a full disk) removes its temporary file and raises `StorageError` naming the path.
+fails removes its temporary file and raises `StorageError` naming the path.
+
+A full disk is often short (logs rotated, an old checkpoint pruned, a neighbour's scratch
+deleted): a write that meets one waits for space, retrying with backoff, for up to
+$HINDSIGHT_NO_SPACE_WAIT_S seconds (60 by default; 0 fails at once) before it fails, so a long
+run is not lost to a minute of it. The roles' heartbeats go on meanwhile, from their own threads.
 """
 from __future__ import annotations
 
@@ -10,15 +15,38 @@ import hashlib
 
 import errno
 import json
+import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from hindsight.errors import StorageError
 from hindsight.faults import disk_full, enospc
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+log = logging.getLogger(__name__)
+
+
+def no_space_wait_s() -> float:
+    return float(os.environ.get("HINDSIGHT_NO_SPACE_WAIT_S", "60"))
+
+
+def _waiting_for_space(write, path: Path):
+    """`write()`, retried while the disk is full, up to `no_space_wait_s()`; other errors, and a
+    disk still full after the wait, raise `StorageError` naming `path`."""
+    waited, pause, limit = 0.0, 0.25, no_space_wait_s()
+    while True:
+        try:
+            return write()
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE or waited >= limit:
+                raise _storage_error(path, exc, waited) from exc
+            if waited == 0.0:
+                log.warning("%s: disk full; waiting up to %g s for space (HINDSIGHT_NO_SPACE_WAIT_S)", path, limit)
+        time.sleep(min(pause, limit - waited))
+        waited, pause = waited + min(pause, limit - waited), min(pause * 2, 5.0)
 
 
 # what the atomic writes below name their temporaries: `.NAME.tmp-PID`
@@ -55,25 +83,26 @@ def _make_parent(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        _make_parent(path)
-        with open(tmp, "wb") as fh:
-            if disk_full(path):
-                fh.write(data[: len(data) // 2])
-                raise enospc(tmp)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise _storage_error(path, exc) from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    def write() -> None:
+        try:
+            _make_parent(path)
+            with open(tmp, "wb") as fh:
+                if disk_full(path):
+                    fh.write(data[: len(data) // 2])
+                    raise enospc(tmp)
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    _waiting_for_space(write, path)
 
 
-def _storage_error(path: Path, exc: OSError) -> StorageError:
-    why = "disk full" if exc.errno in _NO_SPACE else f"{exc.strerror or exc}"
+def _storage_error(path: Path, exc: OSError, waited: float = 0.0) -> StorageError:
+    why = f"disk full, still after {waited:g} s" if exc.errno in _NO_SPACE else f"{exc.strerror or exc}"
     return StorageError(f"{path}: write failed ({why}); the partial file was removed and the newest "
                         f"complete state is kept: fix the cause and rerun the same command to resume")
 
@@ -86,19 +115,20 @@ def atomic_dir(final: Path, fill) -> Path:
     """Build a folder under a temporary name with `fill(tmp_path)`, then rename it into place."""
     final = Path(final)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-        fill(tmp)
-        if disk_full(final):
-            raise enospc(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except OSError as exc:
-        raise _storage_error(final, exc) from exc
-    finally:
+
+    def write() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            fill(tmp)
+            if disk_full(final):
+                raise enospc(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _waiting_for_space(write, final)
     return final
 
 
@@ -116,12 +146,12 @@ def read_json(path: Path, default=None):
 def append_line(path: Path, line: str) -> None:
     """Append one line to a log (metrics, alerts). A crash can tear only the last line, which readers skip."""
     path = Path(path)
-    try:
+
+    def write() -> None:
         _make_parent(path)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line.rstrip("\n") + "\n")
-    except OSError as exc:
-        raise _storage_error(path, exc) from exc
+    _waiting_for_space(write, path)
 
 
 def append_record(path: Path, obj) -> None:
@@ -129,7 +159,8 @@ def append_record(path: Path, obj) -> None:
     newline, so a record after a torn one (a crash mid-append) still stands on a line of its own."""
     path = Path(path)
     data = ("\n" + json.dumps(obj, sort_keys=True, separators=(",", ":"))).encode("utf-8")
-    try:
+
+    def write() -> None:  # a retry after a torn write starts a line of its own: readers skip the torn one
         if disk_full(path):
             raise enospc(path)
         _make_parent(path)
@@ -138,8 +169,7 @@ def append_record(path: Path, obj) -> None:
             os.write(fd, data)
         finally:
             os.close(fd)
-    except OSError as exc:
-        raise _storage_error(path, exc) from exc
+    _waiting_for_space(write, path)
 
 
 def file_sha256(path: str | Path) -> str | None:

@@ -604,7 +604,8 @@ def _(ws, tmp):
 @case("disk-full")
 def _(ws, tmp):
     cfg = base_config(ws, tmp / "run")
-    return Case(rl_args(write_config(tmp, cfg)), {"HINDSIGHT_FAULT": "disk_full:rollouts/step-000002"},
+    return Case(rl_args(write_config(tmp, cfg)), {"HINDSIGHT_FAULT": "disk_full:rollouts/step-000002",
+                                                "HINDSIGHT_NO_SPACE_WAIT_S": "2"},
                 keeps_state=True)
 
 

@@ -181,3 +181,24 @@ def test_a_stopped_reward_worker_is_replaced_and_the_run_ends_as_a_clean_one(tin
     assert score_s[2] <= LIVENESS["silent_after_s"] + max(score_s[:2] + score_s[3:]) + SLOW_MACHINE_S / 3, score_s
     print(f"4 steps in {took:.1f} s; scoring took {[round(t, 2) for t in score_s]} s, "
           f"silent_after_s {LIVENESS['silent_after_s']}")
+
+
+def test_a_short_disk_full_is_waited_out_and_the_run_ends_as_a_clean_one(tiny_init, tmp_path, clean_sync,
+                                                                         monkeypatch):
+    """The disk is full for 2 s from the start of step 2 (every write of the run fails with ENOSPC
+    while it lasts): the writes wait for space and go on, and the run ends as a clean one."""
+    import threading
+
+    work, init = tiny_init
+    full = tmp_path / "full"
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"disk_full_while:{full}")
+
+    def fill(run, step):
+        if step == 2:
+            full.touch()
+            threading.Timer(2.0, full.unlink).start()
+
+    t0 = time.monotonic()
+    weights, run, _ = _train(work, init, tmp_path / "run", k=0, before_step=fill)
+    assert not full.exists() and time.monotonic() - t0 >= 2.0
+    _same_run(clean_sync, weights, run)

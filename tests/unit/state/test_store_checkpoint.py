@@ -110,7 +110,8 @@ def test_disk_full_mid_checkpoint_keeps_the_previous_version(tmp_path, monkeypat
     ck = CheckpointManager(tmp_path / "ck", keep_last=2)
     ck.save(2, model, tok, opt)
     monkeypatch.setenv("HINDSIGHT_FAULT", "disk_full:optimizer/step-000004")
-    with pytest.raises(StorageError, match=r"optimizer/step-000004.pt: write failed \(disk full\)"):
+    monkeypatch.setenv("HINDSIGHT_NO_SPACE_WAIT_S", "0.5")  # a full disk that outlasts the wait
+    with pytest.raises(StorageError, match=r"optimizer/step-000004.pt: write failed \(disk full, still after 0.5 s\)"):
         ck.save(4, model, tok, opt)
     assert ck.latest_step() == 2  # the manifest never moved to the torn version
     assert not [p for p in (tmp_path / "ck").rglob(".*tmp*")], "a temporary file survived"
@@ -181,3 +182,31 @@ def test_merging_parts_clears_a_killed_writers_temporary_file_and_keeps_a_live_o
     (live / f".x.parquet.tmp-{os.getpid()}").write_bytes(b"being written")
     remove_dead_temporaries(live)
     assert (live / f".x.parquet.tmp-{os.getpid()}").exists()
+
+
+def test_a_short_disk_full_is_waited_out_and_the_save_completes(tmp_path, monkeypatch, caplog):
+    """A disk full for a second: every write of the save waits for space and retries, so the save
+    completes, whole, after it; the wait is said once a write, with its limit."""
+    import threading
+    import time
+
+    path = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=2)
+    model, tok = load_causal_lm(str(path)), load_tokenizer(str(path))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ck = CheckpointManager(tmp_path / "ck", keep_last=2)
+    full = tmp_path / "full"
+    full.touch()
+    monkeypatch.setenv("HINDSIGHT_FAULT", f"disk_full_while:{full}")
+    threading.Timer(1.0, full.unlink).start()
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="hindsight.fsutil"):
+        ck.save(2, model, tok, opt)
+    assert time.monotonic() - t0 >= 1.0 and ck.latest_step() == 2
+    assert not [p for p in (tmp_path / "ck").rglob(".*tmp*")], "a temporary file survived"
+    waits = [r.getMessage() for r in caplog.records]
+    assert waits and all("disk full; waiting up to 60 s for space (HINDSIGHT_NO_SPACE_WAIT_S)" in m for m in waits)
+    fresh = CheckpointManager(tmp_path / "ck", keep_last=2)  # what a resume reads back: intact, the same weights
+    assert fresh.intact_step() == 2
+    saved = load_causal_lm(str(fresh.policy_dir(2)))
+    for (k, a), (_, b) in zip(model.state_dict().items(), saved.state_dict().items()):
+        assert torch.equal(a, b), k
