@@ -211,31 +211,36 @@ def main() -> None:
         _report(chaos, run, steps, took, clean_took, max((weights[k] - clean[k]).abs().max().item() for k in clean))
 
 
-def _report(chaos: Chaos, run, steps: int, took: list[float], clean_took: list[float], diff: float) -> None:
+def _report(chaos, run, steps: int, took: list[float], clean_took: list[float], diff: float,
+            workers: dict = WORKERS, redo: int = 3) -> None:
+    """The soak's figures; `redo` is the most steps a recovery may do again (a rebuilt learner
+    replays those since its checkpoint)."""
     trained = [e.trained for s in range(steps) for e in run.ledger.read(s).values()]
     lost = steps * run.rl.prompts_per_step - sum(1 for n in trained if n >= 1)
     twice = sum(1 for n in trained if n > 1)
     events = [json.loads(x) for x in run.paths.workers_log.read_text().splitlines()] \
         if run.paths.workers_log.exists() else []
     why = {}
-    for e in events:
-        key = next((k for k in ("died", "no heartbeat", "nothing written", "not started") if k in e["why"]), e["why"])
+    for e in (e for e in events if "why" in e):  # not the scale requests' records
+        key = "learner group rebuilt" if e["role"] == "learner" else \
+            next((k for k in ("died", "no heartbeat", "nothing written", "not started", "lease") if k in e["why"]), e["why"])
         why[key] = why.get(key, 0) + 1
     print(f"faults {chaos.injected} ({', '.join(f'{k} {n}' for k, n in sorted(chaos.counts.items()))}), "
           f"wedged 0, lost groups {lost}, trained twice {twice}")
-    print(f"replacements {len(events)}: " + ", ".join(f"{k}: {n}" for k, n in sorted(why.items())))
+    print(f"replacements {sum(why.values())}: " + ", ".join(f"{k}: {n}" for k, n in sorted(why.items())))
     median = statistics.median(clean_took)
     start = max(chaos.starts, default=0.0)
     print(f"step time: median {statistics.median(took):.2f} s (uninterrupted {median:.2f} s); "
           f"a replacement's start to its first group: median {statistics.median(chaos.starts or [0.0]):.2f} s, max {start:.2f} s")
-    deadline = max(WORKERS["silent_after_s"], WORKERS["lease_ttl_s"])
+    deadline = max(workers["silent_after_s"], workers["lease_ttl_s"], workers.get("collective_min_s", 0.0)
+                   if any(k.startswith("learner") for k in chaos.counts) else 0.0)
     for kind, times in sorted(chaos.recovery.items()):
         print(f"recovery after {kind}: median {statistics.median(times):.2f} s, max {max(times):.2f} s")
     worst = max(t for times in chaos.recovery.values() for t in times)
     # the longest a fault may take to be noticed (its deadline, the coordinator's poll, the 1 s
     # a stall report waits for the role's stacks), then a replacement's start-up and the steps
-    bound = deadline + WORKERS["silent_after_s"] / 4 + 1.0 + start + 3 * median
-    print(f"ratio max_recovery/(deadline + poll + report + start + 3 steps): {worst / bound:.2f}")
+    bound = deadline + workers["silent_after_s"] / 4 + 1.0 + start + redo * median
+    print(f"ratio max_recovery/(deadline + poll + report + start + {redo} steps): {worst / bound:.2f}")
     print(f"final weights: largest |difference| from the uninterrupted run {diff:.3g}")
 
 

@@ -113,6 +113,7 @@ class _Pool:
         self.placement_s, self.each = workers.placement_timeout_s, res
         self.ledger = Ledger(rl_dir)
         self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
+        self.start_s: list[float] = []  # each actor's start-up, in order
         for _ in range(n):
             self._spawn()
         if not self.actors:
@@ -124,7 +125,7 @@ class _Pool:
         is dropped with a log line: the pool keeps the actors it has, rather than waiting forever)."""
         actor_id = f"{self.role}-{self.spawned}"
         self.spawned += 1
-        actor = self.actor_cls.remote(actor_id, *self.args)
+        actor, t0 = self.actor_cls.remote(actor_id, *self.args), time.monotonic()
         try:
             self.hosts[actor_id] = self.ray.get(actor.where.remote(), timeout=self.placement_s)  # for the death record
         except self.ray.exceptions.GetTimeoutError:
@@ -133,6 +134,7 @@ class _Pool:
                         self.role, actor_id, self.placement_s, _free(self.ray))
             return None
         self.actors[actor_id] = actor
+        self.start_s.append(time.monotonic() - t0)  # placed, its models loaded: ready to serve
         return actor_id
 
     def _replace(self, step: int, actor_id: str, why: str, written: list[int], back: list[int]) -> None:
@@ -188,12 +190,19 @@ class RayRolloutPool(_Pool):
         self.version, self.rl, self.sender, self.step = version, rl, None, 0
         super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path,
                                                               version))
-        self.sender = RaySender(self.ray, self.actors, Publication(getattr(torch, dtype), rl.rollout.publish_full_every))
+        self.sender = RaySender(self.ray, self.actors, Publication(getattr(torch, dtype), rl.rollout.publish_full_every),
+                                deadline_s=rl.workers.lease_ttl_s)
 
     def _spawn(self) -> str:
         actor_id = super()._spawn()
         if actor_id is not None and self.sender is not None:  # a restarted or added worker syncs before it serves
-            self.sender.sync(self.actors[actor_id])
+            try:
+                self.sender.sync(self.actors[actor_id])
+            except self.ray.exceptions.GetTimeoutError:  # stopped before it held the weights: not one to keep
+                self.ray.kill(self.actors.pop(actor_id))
+                log.warning("rollout %s took no weights within %g s (rl.workers.lease_ttl_s): dropped",
+                            actor_id, self.rl.workers.lease_ttl_s)
+                return None
         return actor_id
 
     def resize(self, step: int) -> None:
@@ -233,6 +242,9 @@ class RayRolloutPool(_Pool):
         sent = self.sender.publish(version, model)
         for actor_id in self.sender.dead:  # found dead on delivery (its node gone): it held no lease
             self._replace(self.step, actor_id, "died", [], [])
+        for actor_id in self.sender.silent:  # stopped: it would hold the next lease until it expired
+            self._replace(self.step, actor_id, f"no answer to weights version {version} within "
+                                               f"{self.rl.workers.lease_ttl_s:g} s", [], [])
         return sent
 
     def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:

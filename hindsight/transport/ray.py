@@ -12,14 +12,18 @@ from hindsight.transport.delta import Publication
 
 
 class RaySender(WeightSender):
-    def __init__(self, ray, actors: dict, publication: Publication | None = None):
+    def __init__(self, ray, actors: dict, publication: Publication | None = None, deadline_s: float | None = None):
         self.ray, self.actors = ray, actors  # the pool's own dict: actors it adds are published to
         self.publication = publication or Publication()
         self.full_ref = None  # the newest full copy in the store, when there is one (for late actors)
+        # a delivery is leased work too: an actor that has not acknowledged a version within this
+        # (stopped, its node wedged) would otherwise hold every later step
+        self.deadline_s = deadline_s
         self.dead: list[str] = []  # actors found dead by the last publish
+        self.silent: list[str] = []  # actors that had not acknowledged it within deadline_s
 
     def publish(self, version: int, model) -> dict[str, float]:
-        self.dead = []
+        self.dead, self.silent = [], []
         payload = self.publication.next(version, model.state_dict())
         ref = self.ray.put(payload)
         self.full_ref = ref if payload.base is None else None
@@ -36,14 +40,17 @@ class RaySender(WeightSender):
 
     def _send(self, ref, names: list[str]) -> dict:
         """Each actor's acknowledgement; an actor that died (its node gone, say) is left out and
-        named in `self.dead`, for the pool to replace: a replacement takes the full copy."""
-        calls = {n: self.actors[n].receive.remote(ref) for n in names}
+        named in `self.dead`, one with no answer within the deadline in `self.silent`, for the
+        pool to replace: a replacement takes the full copy."""
+        calls = {self.actors[n].receive.remote(ref): n for n in names}
+        done, late = self.ray.wait(list(calls), num_returns=len(calls), timeout=self.deadline_s)
+        self.silent += [calls[c] for c in late]
         acks = {}
-        for name, call in calls.items():
+        for call in done:
             try:
-                acks[name] = self.ray.get(call)
+                acks[calls[call]] = self.ray.get(call)
             except self.ray.exceptions.RayActorError:
-                self.dead.append(name)
+                self.dead.append(calls[call])
         return acks
 
     def sync(self, actor) -> None:
@@ -52,7 +59,7 @@ class RaySender(WeightSender):
             return
         if self.full_ref is None:
             self.full_ref = self.ray.put(self.publication.full())
-        _check([self.ray.get(actor.receive.remote(self.full_ref))])
+        _check([self.ray.get(actor.receive.remote(self.full_ref), timeout=self.deadline_s)])
 
     def close(self) -> None:
         self.publication.held, self.full_ref = None, None

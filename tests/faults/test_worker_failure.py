@@ -24,19 +24,24 @@ def init(tiny_init):
     ray.shutdown()
 
 
-def _run(work, init, run_dir, multi_turn=None, **workers):
+def _run(work, init, run_dir, multi_turn=None, before_update=None, **workers):
     rollout = {"max_new_tokens": 5, "groups_per_batch": 1}  # per-group leases
     if multi_turn:
         rollout["multi_turn"] = multi_turn
     cfg = PipelineConfig.model_validate({
         "name": "workers", "seed": 1, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-        "rl": {"steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "lr": 1e-2, "save_every": 1, "rollout": rollout,
-               "rewards": [{"fn": "helpers:varied"}],
+        "rl": {"steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "learner": {"lr": 1e-2},
+               "save_every": 1, "rollout": rollout,
+               "scoring": {"rewards": [{"fn": "helpers:varied"}], "isolation": "inline"},
                "workers": workers}})
     run = RLRun(cfg, init, None)
-    metrics = [(run.rollout(s)[1], run.score(s), run.update(s)) for s in range(STEPS)]
+    metrics = []
+    for s in range(STEPS):
+        rolled, scored = run.rollout(s)[1], run.score(s)
+        if before_update is not None:
+            before_update(run, s)
+        metrics.append((rolled, scored, run.update(s)))
     return run, metrics
 
 
@@ -135,6 +140,37 @@ def test_a_stopped_worker_is_replaced_when_its_lease_expires(init, tmp_path, mon
         assert run.store.read("scores", step) == reference.store.read("scores", step)
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-5), k
+    reference.close(), run.close()
+
+
+def test_a_worker_stopped_between_steps_is_replaced_when_it_takes_no_weights(init, tmp_path):
+    """No wedge (issue 47): a Ray rollout actor SIGSTOPped while idle holds no lease, but the next
+    weights version is delivered to it; with no answer within lease_ttl_s it is killed and replaced
+    (the replacement takes the full copy), and the next step samples on the new one as the
+    reference does."""
+    import os
+    import signal
+
+    reference, _ = _run(*init, tmp_path / "reference")
+    stopped = []
+
+    def stop(run, step):
+        if step == 0:
+            stopped.append(int(run.rollouts.pool.hosts["rollout-0"].split(":")[1]))
+            os.kill(stopped[0], signal.SIGSTOP)
+
+    run, metrics = _run(*init, tmp_path / "stopped", placement="ray", rollout=2, scorer=1, lease_ttl_s=4.0,
+                        lease_s_per_token=0.0, before_update=stop)
+    found = [json.loads(line) for line in (run.dir / "workers.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["worker"], e["written"], e["reassigned"], e["replacement"]) for e in found] \
+        == [(0, "rollout-0", [], [], "rollout-2")], found
+    assert found[0]["why"] == "no answer to weights version 1 within 4 s" and str(stopped[0]) in found[0]["host"]
+    for step in range(STEPS):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4  # once each, none lost
+        assert run.store.read("rollouts", step) == reference.store.read("rollouts", step)
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-5), k
+    print(f"the update that found it stopped took {metrics[0][2].get('time/update_s', float('nan')):.1f} s")
     reference.close(), run.close()
 
 
