@@ -232,8 +232,10 @@ def _report(chaos, run, steps: int, took: list[float], clean_took: list[float], 
     start = max(chaos.starts, default=0.0)
     print(f"step time: median {statistics.median(took):.2f} s (uninterrupted {median:.2f} s); "
           f"a replacement's start to its first group: median {statistics.median(chaos.starts or [0.0]):.2f} s, max {start:.2f} s")
-    deadline = max(workers["silent_after_s"], workers["lease_ttl_s"], workers.get("collective_min_s", 0.0)
-                   if any(k.startswith("learner") for k in chaos.counts) else 0.0)
+    # a learner rank lost (killed, stopped, or on a removed node) is found by a collective's timeout
+    learner = any(k.startswith("learner") or k == "node" for k in chaos.counts)
+    deadline = max(workers["silent_after_s"], workers["lease_ttl_s"],
+                   workers.get("collective_min_s", 0.0) if learner else 0.0)
     for kind, times in sorted(chaos.recovery.items()):
         print(f"recovery after {kind}: median {statistics.median(times):.2f} s, max {max(times):.2f} s")
     worst = max(t for times in chaos.recovery.values() for t in times)

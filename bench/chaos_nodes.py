@@ -28,6 +28,7 @@ gradients as the first did, but the replayed steps run from a checkpoint's saved
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -70,6 +71,8 @@ def _train(cfg: dict, init: str, chaos=None, steps: int | None = None):
         for step in range(run.rl.steps):
             if step == steps or (chaos is not None and chaos.finished.is_set() and step >= chaos.last_step + 3):
                 break
+            if chaos is not None:
+                chaos.boundary()
             t0 = time.monotonic()
             run.rollout(step), run.score(step), run.update(step)
             took.append(time.monotonic() - t0)
@@ -105,11 +108,12 @@ class NodeChaos:
     """Faults, one at a time, into the cluster's actors and raylets; each recovery is timed from
     the injection to the end of the second step completed after it."""
 
-    def __init__(self, rng: random.Random, cluster, marker: Path, full: Path, most: int):
+    def __init__(self, rng: random.Random, cluster, marker: Path, full: Path, most: int, kinds=KINDS):
         self.rng, self.cluster, self.marker, self.full, self.most = rng, cluster, marker, full, most
+        self.kinds = list(kinds)
         self.counts: dict[str, int] = {}
         self.recovery: dict[str, list[float]] = {}
-        self.finished, self._done = threading.Event(), threading.Event()
+        self.finished, self._done, self.wanted = threading.Event(), threading.Event(), threading.Event()
         self.last_step = 0
 
     @property
@@ -130,11 +134,13 @@ class NodeChaos:
 
     def _loop(self) -> None:
         while self.injected < self.most and not self._done.wait(self.rng.uniform(1.0, 3.0)):
-            kind = self.rng.choice(KINDS)
+            kind = self.rng.choice(self.kinds)
             t0 = time.monotonic()
             try:
                 after = getattr(self, f"_{kind}")()
-            except (ProcessLookupError, IndexError, FileNotFoundError):
+            except (ProcessLookupError, IndexError, FileNotFoundError, LookupError) as exc:
+                if os.environ.get("CHAOS_VERBOSE"):
+                    print(f"{time.time():.2f} {kind}: nothing to hit ({exc!r})", flush=True)
                 continue  # nothing to hit just now (between a death and its replacement)
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self._recovered(kind, t0)
@@ -191,21 +197,30 @@ class NodeChaos:
     def _node(self):
         """Remove the raylet of a rollout worker or of learner rank 1; the fresh raylet that
         replaces it, and the request for two workers again, come after the recovery."""
+        raylets = {n.all_processes["raylet"][0].process.pid: n for n in self.cluster.worker_nodes}
         pid = self.rng.choice(_actors("RolloutActor") + _actors("LearnerRank"))
-        raylet = _parent(pid)
-        node = next(n for n in self.cluster.worker_nodes
-                    if n.all_processes["raylet"][0].process.pid == raylet)
+        if _parent(pid) not in raylets:
+            raise LookupError(f"pid {pid}'s parent {_parent(pid)} is no raylet's ({sorted(raylets)})")
+        node = raylets[_parent(pid)]
         self.cluster.remove_node(node, allow_graceful=False)
         return self._add
 
     def _add(self):
+        """Ask the training loop for a raylet at its next step boundary (Ray starts one only from
+        the main thread), then for two workers again; its recovery ends two steps after."""
         t0 = time.monotonic()
-        self.cluster.add_node(num_cpus=1)
-        import json
-
-        (self.run.dir / "scale.json").write_text(json.dumps({"rollout": WORKERS["rollout"]}))
+        self.wanted.set()
+        while self.wanted.is_set() and not self._done.is_set():
+            time.sleep(0.02)
         self.counts["add"] = self.counts.get("add", 0) + 1
         self._recovered("add", t0)
+
+    def boundary(self) -> None:
+        """Called by the training loop between steps: add the raylet asked for."""
+        if self.wanted.is_set():
+            self.cluster.add_node(num_cpus=1)
+            (self.run.dir / "scale.json").write_text(json.dumps({"rollout": WORKERS["rollout"]}))
+            self.wanted.clear()
 
 
 def _cluster():
@@ -223,6 +238,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="the faults to draw from, comma-separated")
     args = parser.parse_args()
     from hindsight.cpus import set_stage_threads
     from hindsight.data.demo import build_demo_data
@@ -244,7 +260,8 @@ def main() -> None:
                            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         ray, nodes = _cluster()
         try:
-            chaos = NodeChaos(random.Random(args.seed), nodes, work / "hang", work / "full", args.faults)
+            chaos = NodeChaos(random.Random(args.seed), nodes, work / "hang", work / "full", args.faults,
+                              args.kinds.split(","))
             t0 = time.monotonic()
             weights, run, took = _train(_config(work, work / "chaos", 100_000, nodes.address), init, chaos)
             steps = len(took)

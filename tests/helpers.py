@@ -66,16 +66,19 @@ def short_turn_model(folder):
     return str(folder)
 
 
-def rl_cfg(tmp_path, **rl):
-    """A small RL-only config on the demo data under tmp_path; `rl` overrides the rl section."""
+def rl_cfg(tmp_path, rewards=None, lr=None, **rl):
+    """A small RL-only config on the demo data under tmp_path, in today's keys; `rewards` go to
+    rl.scoring.rewards, `lr` to rl.learner.lr, and `rl` overrides the rest of the rl section."""
     from hindsight.config import PipelineConfig
 
+    scoring = {"isolation": "inline", "rewards": rewards or [{"fn": "helpers:varied"}], **rl.pop("scoring", {})}
+    learner = {**({"lr": lr} if lr is not None else {}), **rl.pop("learner", {})}
     return PipelineConfig.model_validate({
         "name": "c", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl"),
                  "eval": str(tmp_path / "data/eval.jsonl")},
-        "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "rollout": {"max_new_tokens": 4}, "rewards": [{"fn": "helpers:varied"}], **rl}})
+        "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "rollout": {"max_new_tokens": 4},
+               "scoring": scoring, **({"learner": learner} if learner else {}), **rl}})
 
 
 def tiny_init(tmp_path, **config):

@@ -123,15 +123,22 @@ class _Pool:
     def _spawn(self) -> str | None:
         """Start one actor; None when the cluster has not placed it within placement_timeout_s (it
         is dropped with a log line: the pool keeps the actors it has, rather than waiting forever)."""
-        actor_id = f"{self.role}-{self.spawned}"
-        self.spawned += 1
-        actor, t0 = self.actor_cls.remote(actor_id, *self.args), time.monotonic()
-        try:
-            self.hosts[actor_id] = self.ray.get(actor.where.remote(), timeout=self.placement_s)  # for the death record
-        except self.ray.exceptions.GetTimeoutError:
-            self.ray.kill(actor)
-            log.warning("%s %s could not be placed on the Ray cluster within %g s: dropped (free now: %s)",
-                        self.role, actor_id, self.placement_s, _free(self.ray))
+        for attempt in range(1, 4):
+            actor_id = f"{self.role}-{self.spawned}"
+            self.spawned += 1
+            actor, t0 = self.actor_cls.remote(actor_id, *self.args), time.monotonic()
+            try:
+                self.hosts[actor_id] = self.ray.get(actor.where.remote(), timeout=self.placement_s)  # for the death record
+                break
+            except self.ray.exceptions.GetTimeoutError:
+                self.ray.kill(actor)
+                log.warning("%s %s could not be placed on the Ray cluster within %g s: dropped (free now: %s)",
+                            self.role, actor_id, self.placement_s, _free(self.ray))
+                return None
+            except self.ray.exceptions.RayActorError as exc:  # placed on a node that was going down: once more
+                log.warning("%s %s died while starting (attempt %d of 3): %s", self.role, actor_id, attempt,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        else:
             return None
         self.actors[actor_id] = actor
         self.start_s.append(time.monotonic() - t0)  # placed, its models loaded: ready to serve
@@ -198,10 +205,11 @@ class RayRolloutPool(_Pool):
         if actor_id is not None and self.sender is not None:  # a restarted or added worker syncs before it serves
             try:
                 self.sender.sync(self.actors[actor_id])
-            except self.ray.exceptions.GetTimeoutError:  # stopped before it held the weights: not one to keep
+            except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.RayActorError) as exc:
+                # stopped, or its node gone, before it held the weights: not one to keep
                 self.ray.kill(self.actors.pop(actor_id))
-                log.warning("rollout %s took no weights within %g s (rl.workers.lease_ttl_s): dropped",
-                            actor_id, self.rl.workers.lease_ttl_s)
+                log.warning("rollout %s took no weights (%s; rl.workers.lease_ttl_s %g): dropped", actor_id,
+                            type(exc).__name__, self.rl.workers.lease_ttl_s)
                 return None
         return actor_id
 

@@ -11,7 +11,6 @@ Usage inside the launch: python -m hindsight.learning.launch ARGS.json
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import socket
@@ -21,9 +20,11 @@ from pathlib import Path
 
 from hindsight.errors import StageError
 from hindsight.fsutil import append_line, atomic_write_json
+from hindsight.registry import Registry
 
-TRAINERS = {"sft": "hindsight.learning.trainers:train_sft",
-            "reward-model": "hindsight.learning.trainers:train_reward_model"}
+# stage -> its TRL trainer function, registered in its module (imported at the first lookup: TRL is heavy)
+TRAINERS: Registry = Registry("trainer", built_in={"sft": "hindsight.learning.trainers",
+                                                   "reward-model": "hindsight.learning.trainers"})
 
 
 def world_size() -> int:
@@ -48,7 +49,7 @@ def launch_command(num_processes: int, args_file: Path, accelerate_config: str |
 def run_trainer(stage: str, kwargs: dict, num_processes: int = 1, accelerate_config: str | None = None,
                 workdir: Path | None = None, log=None) -> dict:
     """Train in this process, or in `num_processes` launched ones; returns the trainer's metrics."""
-    fn = _import(TRAINERS[stage])
+    fn = TRAINERS.lookup(stage)
     if num_processes <= 1:
         return fn(**kwargs, log=log)
     workdir = Path(workdir or Path(kwargs["out_dir"]).parent / "launch")
@@ -84,14 +85,13 @@ def main(args_file: str) -> None:
         if is_main_process():
             append_line(workdir / "metrics.jsonl", json.dumps({"step": step, "metrics": metrics}))
 
-    result = _import(TRAINERS[spec["stage"]])(**kwargs, log=log)
+    # run as `-m hindsight.learning.launch`, this module is __main__: the trainers register into the
+    # module imported by its name, so look them up there
+    from hindsight.learning.launch import TRAINERS as registered
+
+    result = registered.lookup(spec["stage"])(**kwargs, log=log)
     if is_main_process():
         atomic_write_json(workdir / "result.json", result)
-
-
-def _import(spec: str):
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _jsonable(v):

@@ -5,6 +5,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from hindsight.data.rows import load_rows
+from hindsight.learning.launch import TRAINERS
 
 
 # The data is shuffled once with the seed and read in order, so step k trains on the same
@@ -22,6 +23,7 @@ def _lora_config(lora):
                       target_modules=lora.target_modules, task_type="CAUSAL_LM")
 
 
+@TRAINERS.named("sft")
 def train_sft(model_path: str, data: dict, out_dir: str | Path, *, lr: float, epochs: float,
               batch_size: int, max_length: int, seed: int, lora=None, max_steps: int = -1,
               log=None, gradient_checkpointing: bool = False) -> dict:
@@ -59,6 +61,7 @@ def train_sft(model_path: str, data: dict, out_dir: str | Path, *, lr: float, ep
     return {"train/loss": float(result.training_loss)}
 
 
+@TRAINERS.named("reward-model")
 def train_reward_model(model_path: str, data: dict, out_dir: str | Path, *, lr: float,
                        epochs: float, batch_size: int, max_length: int, seed: int,
                        max_steps: int = -1, log=None, gradient_checkpointing: bool = False,

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from hindsight.lookback.history import as_float
+from hindsight.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -27,15 +28,16 @@ class Alert:
         return asdict(self)
 
 
-RULES: dict = {}     # rule name -> its function: the config's `rl.alerts[].rule` names are these
-MESSAGES: dict = {}  # rule name -> what it says when it fires ({v}: the observed value, {t}: the threshold)
+# rule name -> its function: the config's `rl.alerts[].rule` names are these
+RULES: Registry = Registry("alert rule")
 
 
 def rule(message: str):
-    """Register an alert rule under its function's name, with the line it prints when it fires."""
+    """Register an alert rule under its function's name, with the line it prints when it fires
+    (`message`: {v} the observed value, {t} the threshold)."""
     def add(fn):
-        RULES[fn.__name__], MESSAGES[fn.__name__] = fn, message
-        return fn
+        fn.message = message
+        return RULES.named(fn.__name__)(fn)
     return add
 
 
@@ -149,7 +151,7 @@ class AlertMonitor:
                 self._active.discard(i)
                 continue
             if i not in self._active:
-                msg = f"step {step}: {r.rule}: " + MESSAGES[r.rule].format(v=value, t=r.threshold) + f" -> {r.action}"
+                msg = f"step {step}: {r.rule}: " + RULES[r.rule].message.format(v=value, t=r.threshold) + f" -> {r.action}"
                 fired.append(Alert(step, r.rule, float(value), r.threshold, r.action, msg, r.factor))
             self._active.add(i)
         return fired

@@ -27,7 +27,7 @@ rl:
   steps: {steps}
   prompts_per_step: 4
   samples_per_prompt: 4
-  lr: 1.0e-3
+  learner: {{lr: 1.0e-3}}
   kl: {{coef: 0.02}}
   rollout: {{max_new_tokens: 4}}
   eval_every: 100

@@ -24,9 +24,10 @@ rl:
   steps: {steps}
   prompts_per_step: 4
   samples_per_prompt: 4
-  lr: 1.0e-3
+  learner: {learner}
   kl: {{coef: 0.02}}
-  rewards: [{{fn: "helpers:varied"}}]  # a reward that differs within groups: real gradients, not float noise
+  scoring:  # a reward that differs within groups: real gradients, not float noise
+    rewards: [{{fn: "helpers:varied"}}]
   rollout: {{max_new_tokens: 4}}
   eval_every: 100
   save_every: 2
@@ -34,7 +35,8 @@ rl:
 eval: {{limit: 4, max_new_tokens: 4}}
 retries: {{count: 0}}
 """
-FSDP2 = "{placement: ray, learner: 2, learner_strategy: fsdp2, rollout: 1, scorer: 1}"
+FSDP2 = "{placement: ray, rollout: 1, scorer: 1}"
+FSDP2_LEARNER = "{lr: 1.0e-3, processes: 2, strategy: fsdp2}"
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,8 @@ def workspace(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("fsdp2-faults")
     init = build_tiny_qwen2(work / "init", hidden=32, layers=2)
-    (work / "one.yaml").write_text(CONFIG.format(init=init, steps=STEPS, workers="{}"))
-    (work / "fsdp2.yaml").write_text(CONFIG.format(init=init, steps=STEPS, workers=FSDP2))
+    (work / "one.yaml").write_text(CONFIG.format(init=init, steps=STEPS, workers="{}", learner="{lr: 1.0e-3}"))
+    (work / "fsdp2.yaml").write_text(CONFIG.format(init=init, steps=STEPS, workers=FSDP2, learner=FSDP2_LEARNER))
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("HINDSIGHT_FAULT", None)

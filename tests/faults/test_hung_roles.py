@@ -176,9 +176,9 @@ def test_a_stopped_reward_worker_is_replaced_and_the_run_ends_as_a_clean_one(tin
         run.score_metrics  # no score fell back
     assert [m["workers/reward_worker_replaced"] for m in run.score_metrics] == [0.0, 0.0, 1.0, 1.0]
     score_s = [m["time/score_s"] for m in run.score_metrics]
-    # within the deadline and a step, plus a fresh worker's start (an interpreter and the reward's
-    # imports: under a second here, more on a loaded machine)
-    assert score_s[2] <= LIVENESS["silent_after_s"] + max(score_s[:2] + score_s[3:]) + SLOW_MACHINE_S / 3, score_s
+    assert score_s[2] >= LIVENESS["silent_after_s"]  # it waited out the silence, not the 60 s reward timeout...
+    # ...and no more than that plus a fresh worker's start: a figure for the notes (no timed upper
+    # bound in a test; bench/chaos.py's ratio holds recoveries to their bound)
     print(f"4 steps in {took:.1f} s; scoring took {[round(t, 2) for t in score_s]} s, "
           f"silent_after_s {LIVENESS['silent_after_s']}")
 

@@ -29,12 +29,12 @@ rl:
   steps: {steps}
   prompts_per_step: 4
   samples_per_prompt: 4
-  lr: 1.0e-3
+  learner: {{lr: 1.0e-3}}
   kl: {{coef: 0.02}}
   rollout: {{max_new_tokens: 4}}
   eval_every: 100
   save_every: 100
-  rewards: [{{fn: "rewards.format:number_only"}}]
+  scoring: {{rewards: [{{fn: "rewards.format:number_only"}}]}}
 eval: {{limit: 8, max_new_tokens: 4}}
 retries: {{count: 0}}
 """
@@ -132,7 +132,8 @@ def test_sigterm_in_a_ray_learner_group_checkpoints_and_resumes(workspace):
     work, env = workspace
     # 4 steps, not 8: the signal still lands mid-run (after step 2) with steps left to resume
     (work / "group.yaml").write_text((work / "rl.yaml").read_text().replace(
-        "  save_every: 100\n", "  save_every: 100\n  workers: {placement: ray, learner: 2}\n").replace(
+        "  save_every: 100\n", "  save_every: 100\n  workers: {placement: ray}\n").replace(
+        "  learner: {lr: 1.0e-3}\n", "  learner: {lr: 1.0e-3, processes: 2}\n").replace(
         f"  steps: {STEPS}\n", "  steps: 4\n"))
     whole = subprocess.Popen([sys.executable, "-m", "cli", "run", "rl", "-c", "group.yaml", "--set",
                               "run_dir=runs/group-reference"], cwd=work, env=env,

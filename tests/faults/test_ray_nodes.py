@@ -130,3 +130,40 @@ def test_the_learner_group_across_two_nodes_trains_what_one_process_trains(tiny_
         assert ids[0] == ids[1], step
     for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=5e-4), k  # the two ranks sum gradients in another order
+
+
+def test_the_node_of_a_learner_rank_removed_the_group_is_rebuilt_on_another(tiny_init, reference, tmp_path,
+                                                                           cluster):
+    """Rank 1's raylet removed between steps 1 and 2 (the process, its node and its object store
+    gone at once): step 2's update finds the rank lost, the group is rebuilt in the same attempt
+    with rank 1 on the spare raylet, from step 2's checkpoint, and the run ends as one process's."""
+    work, init = tiny_init
+    for _ in range(3):  # the rollout worker, rank 1, and a spare
+        cluster.add_node(num_cpus=1)
+    workers = {"placement": "ray", "ray_address": cluster.address, "rollout": 1, "placement_timeout_s": 60,
+               "collective_min_s": 10,
+               "resources": {"rollout": {"num_cpus": 1}, "scorer": {"num_cpus": 0}, "learner": {"num_cpus": 1}}}
+    cfg = _cfg(work, tmp_path / "run", **workers)
+    cfg["rl"]["learner"]["processes"] = 2
+    run = RLRun(PipelineConfig.model_validate(cfg), init, None)
+    removed = []
+    try:
+        for step in range(STEPS):
+            if step == 2:
+                rank = run.learner.group.ray.get(run.learner.group.peers[0].pid.remote())
+                parent = int(open(f"/proc/{rank}/stat").read().rsplit(")", 1)[1].split()[1])  # its raylet
+                node = next(n for n in cluster.worker_nodes if n.all_processes["raylet"][0].process.pid == parent)
+                cluster.remove_node(node, allow_graceful=False)
+                removed.append(node.node_id)
+            run.rollout(step), run.score(step), run.update(step)
+    finally:
+        run.close()
+    events = [json.loads(x) for x in (run.dir / "workers.jsonl").read_text().splitlines()]
+    rebuilt = [e for e in events if e["role"] == "learner"]
+    assert removed and [(e["step"], e["checkpoint"], e["replayed"]) for e in rebuilt] == [(2, 2, [])], events
+    for step in range(STEPS):
+        assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4, step
+        ids = [[r["completion_ids"] for r in x.store.read("rollouts", step)] for x in (run, reference)]
+        assert ids[0] == ids[1], step
+    for (k, a), (_, b) in zip(reference.policy.state_dict().items(), run.policy.state_dict().items()):
+        assert torch.allclose(a, b, atol=5e-4), k

@@ -50,10 +50,10 @@ def test_qwen2_chatml_on_gsm8k_format_data_end_to_end(tmp_path):
                     "system_prompt": SYSTEM},
            "sft": {"lr": 3.0e-3, "epochs": 1, "max_steps": 40, "batch_size": 16, "max_length": 64},
            "reward_model": {"enabled": False},
-           "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "lr": 2.0e-4, "save_every": 1,
+           "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "learner": {"lr": 2.0e-4}, "save_every": 1,
                   "eval_every": 2, "rollout": {"max_new_tokens": 8},
                   "lora": {"enabled": True, "r": 4, "alpha": 8, "registered": "adapter"},
-                  "rewards": [{"fn": "rewards.math:math_answer"}]},
+                  "scoring": {"rewards": [{"fn": "rewards.math:math_answer"}]}},
            "eval": {"limit": 8, "max_new_tokens": 8, "reward": "rewards.math:math_answer", "compare_versions": 2,
                     "compare_prompts": 4}}
     (tmp_path / "gsm.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

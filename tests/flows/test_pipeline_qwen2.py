@@ -11,8 +11,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
-FSDP2 = ["--set", "rl.workers.placement=ray", "--set", "rl.workers.learner=2", "--set",
-         "rl.workers.learner_strategy=fsdp2"]
+FSDP2 = ["--set", "rl.workers.placement=ray", "--set", "rl.learner.processes=2", "--set",
+         "rl.learner.strategy=fsdp2"]
 
 
 @pytest.mark.parametrize("learner", [[], FSDP2], ids=["one-process", "fsdp2-group-of-2"])

@@ -32,8 +32,8 @@ def tiny_run(tmp_path_factory):
         "name": "tiny", "seed": 0, "run_dir": str(work / "run"),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"steps": 2, "prompts_per_step": 3, "samples_per_prompt": 4, "save_every": 1,
-               "reward_isolation": "inline", "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5},
-               "rewards": [{"fn": "test_report:varied_reward"}]}})
+               "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_report:varied_reward"}]}}})
     run = RLRun(cfg, init, None)
     for step in range(2):
         metrics = {**run.rollout(step)[1], **run.score(step)[1], **run.update(step)}
@@ -143,8 +143,9 @@ def test_lower_lr_alert_lowers_the_rate_and_it_survives_resume(tiny_run, tmp_pat
         "name": "tiny", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(rl_dir.parents[1] / "data"), "dvc_file": None,
                  "prompts": str(rl_dir.parents[1] / "data/prompts.jsonl")},
-        "rl": {"steps": 3, "prompts_per_step": 3, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_report:varied_reward"}],
+        "rl": {"steps": 3, "prompts_per_step": 3, "samples_per_prompt": 4,
+               "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_report:varied_reward"}]},
                "alerts": [{"rule": "kl_high", "threshold": 0.5, "action": "lower_lr", "factor": 0.5}]}})
     init = str(rl_dir.parents[1] / "init")
     run = RLRun(cfg, init, None)
@@ -169,8 +170,9 @@ def test_stop_checkpoints_finite_weights_only(tiny_run, tmp_path):
         "name": "tiny", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(rl_dir.parents[1] / "data"), "dvc_file": None,
                  "prompts": str(rl_dir.parents[1] / "data/prompts.jsonl")},
-        "rl": {"steps": 4, "prompts_per_step": 3, "samples_per_prompt": 4, "reward_isolation": "inline",
-               "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "test_report:varied_reward"}]}})
+        "rl": {"steps": 4, "prompts_per_step": 3, "samples_per_prompt": 4,
+               "kl": {"coef": 0.05}, "rollout": {"max_new_tokens": 5},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_report:varied_reward"}]}}})
     run = RLRun(cfg, str(rl_dir.parents[1] / "init"), None)
     assert _checkpoint_for_resume(run, 3) == "A checkpoint was saved at step 3" and run.ckpt.latest_step() == 3
     with torch.no_grad():

@@ -23,14 +23,15 @@ def init(tmp_path_factory):
     ray.shutdown()
 
 
-def config(work, run_dir, algorithm="grpo", workers=None, **rl) -> PipelineConfig:
+def config(work, run_dir, algorithm="grpo", workers=None, group=None, learner=None, **rl) -> PipelineConfig:
+    """`group`: the learner group's keys (processes, strategy, offload); `learner`: the rest of rl.learner."""
     extra = {"ppo": {"critic_lr": 1e-3}} if algorithm == "ppo" else {}
     return PipelineConfig.model_validate({
         "name": "fsdp2", "seed": 2, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"algorithm": algorithm, "steps": STEPS, "prompts_per_step": 3, "samples_per_prompt": 4,
-               "reward_isolation": "inline", "lr": 1e-3, "save_every": 1, "kl": {"coef": 0.05},
-               "rollout": {"max_new_tokens": 6}, "rewards": [{"fn": "helpers:varied"}],
+               "learner": {"lr": 1e-3, **(group or {}), **(learner or {})}, "save_every": 1, "kl": {"coef": 0.05},
+               "rollout": {"max_new_tokens": 6}, "scoring": {"isolation": "inline", "rewards": [{"fn": "helpers:varied"}]},
                "workers": workers or {}, **rl, **extra}})
 
 
@@ -69,16 +70,16 @@ def assert_same_training(one: RLRun, two: RLRun, init_path: str) -> None:
 # joins with a zero-weighted stand-in row), each in micro-batches of a few sequences, so the
 # ranks run different numbers of micro-batches and the idle ones must still join every gather
 BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 40}
-RAY2 = {"placement": "ray", "learner": 2, "learner_strategy": "fsdp2"}
+RAY2, GROUP2 = {"placement": "ray"}, {"processes": 2, "strategy": "fsdp2"}
 
 
 # packed micro-batches (rows end to end) on the group of two against one padded process: PPO,
 # so the critic's packed forwards are in it too
-PACKED = {**BATCHING, "learner": {"packing": "on"}}
+PACKED = {**BATCHING, "packing": "on"}
 
 # the sequence-level and the clipped-weight losses, mini- and micro-batched, ratios off 1 after step 0
-GSPO = {**BATCHING, "learner": {"loss": "gspo"}}
-CISPO = {**BATCHING, "learner": {"loss": "cispo", "cispo": {"clip_max": 1.05}}}
+GSPO = {**BATCHING, "loss": "gspo"}
+CISPO = {**BATCHING, "loss": "cispo", "cispo": {"clip_max": 1.05}}
 
 
 @pytest.mark.parametrize("algorithm,batching", [
@@ -88,11 +89,9 @@ CISPO = {**BATCHING, "learner": {"loss": "cispo", "cispo": {"clip_max": 1.05}}}
          "cispo-mini-micro"])
 def test_fsdp2_group_of_two_trains_what_one_process_trains(init, tmp_path, algorithm, batching):
     work, path = init
-    padded = {k: v for k, v in batching.items() if k != "learner"}  # the one process always runs padded
-    if "learner" in batching:
-        padded["learner"] = {k: v for k, v in batching["learner"].items() if k != "packing"}
-    one = run_steps(config(work, tmp_path / "one", algorithm, **padded), path)
-    two = run_steps(config(work, tmp_path / "two", algorithm, RAY2, **batching), path)
+    padded = {k: v for k, v in batching.items() if k != "packing"}  # the one process always runs padded
+    one = run_steps(config(work, tmp_path / "one", algorithm, learner=padded), path)
+    two = run_steps(config(work, tmp_path / "two", algorithm, RAY2, group=GROUP2, learner=batching), path)
     try:
         assert_same_training(one, two, path)
         shard = next(two.learner.policy.parameters())
@@ -104,8 +103,8 @@ def test_fsdp2_group_of_two_trains_what_one_process_trains(init, tmp_path, algor
 
 def test_fsdp2_with_cpu_offload_trains_the_same(init, tmp_path):
     work, path = init
-    one = run_steps(config(work, tmp_path / "one", "ppo", **BATCHING), path)
-    two = run_steps(config(work, tmp_path / "two", "ppo", {**RAY2, "learner_offload": True}, **BATCHING), path)
+    one = run_steps(config(work, tmp_path / "one", "ppo", learner=BATCHING), path)
+    two = run_steps(config(work, tmp_path / "two", "ppo", RAY2, group={**GROUP2, "offload": True}, learner=BATCHING), path)
     try:
         assert_same_training(one, two, path)
         assert next(two.learner.policy.parameters()).to_local().device.type == "cpu"
@@ -119,7 +118,7 @@ def test_fsdp2_group_of_two_fits_an_auto_budget_and_trains_what_one_process_trai
     trains at the fitted budget."""
     work, path = init
     auto = {"micro_batch_tokens": "auto", "memory_cap_mb": 64000}
-    two = run_steps(config(work, tmp_path / "two", "grpo", RAY2, learner=auto), path)
+    two = run_steps(config(work, tmp_path / "two", "grpo", RAY2, group=GROUP2, learner=auto), path)
     fit = two.learner.budget_fit
     one = run_steps(config(work, tmp_path / "one", "grpo", learner={"micro_batch_tokens": fit["budget"]}), path)
     try:

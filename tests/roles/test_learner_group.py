@@ -33,15 +33,16 @@ def init(tiny_init):
     ray.shutdown()
 
 
-def _run(work, init, run_dir, algorithm, workers, **batching):
+def _run(work, init, run_dir, algorithm, workers, processes=1, **learner):
+    """`learner`: rl.learner's keys besides lr and processes (batching, packing, the loss)."""
     extra = {"ppo": {"critic_lr": 1e-3}} if algorithm == "ppo" else {}
     cfg = PipelineConfig.model_validate({
         "name": "learners", "seed": 2, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
         "rl": {"algorithm": algorithm, "steps": STEPS, "prompts_per_step": 3, "samples_per_prompt": 4,
-               "reward_isolation": "inline", "lr": 1e-2, "save_every": 1, "kl": {"coef": 0.05},
-               "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "helpers:varied"}],
-               "workers": workers, **batching, **extra}})
+               "learner": {"lr": 1e-2, "processes": processes, **learner}, "save_every": 1, "kl": {"coef": 0.05},
+               "rollout": {"max_new_tokens": 5}, "scoring": {"isolation": "inline", "rewards": [{"fn": "helpers:varied"}]},
+               "workers": workers, **extra}})
     run = RLRun(cfg, init, None)
     pids, spawned = [], []
     for step in range(run.start_step, STEPS):  # as the flow does: a resumed run starts at its checkpoint
@@ -62,11 +63,11 @@ BATCHING = {"mini_batch_size": 8, "micro_batch_tokens": 24}
 
 # packed micro-batches (rows end to end) on the group of two against one padded process: PPO,
 # so the critic's packed forwards are in it too
-PACKED = {**BATCHING, "learner": {"packing": "on"}}
+PACKED = {**BATCHING, "packing": "on"}
 
 # the sequence-level and the clipped-weight losses, mini- and micro-batched, ratios off 1 after step 0
-GSPO = {**BATCHING, "learner": {"loss": "gspo"}}
-CISPO = {**BATCHING, "learner": {"loss": "cispo", "cispo": {"clip_max": 1.05}}}
+GSPO = {**BATCHING, "loss": "gspo"}
+CISPO = {**BATCHING, "loss": "cispo", "cispo": {"clip_max": 1.05}}
 
 
 @pytest.mark.parametrize("algorithm,batching", [
@@ -75,11 +76,9 @@ CISPO = {**BATCHING, "learner": {"loss": "cispo", "cispo": {"clip_max": 1.05}}}
     ids=["grpo-whole", "grpo-mini-micro", "ppo-whole", "ppo-mini-micro", "ppo-mini-micro-packed", "gspo-mini-micro",
          "cispo-mini-micro"])
 def test_two_learners_train_what_one_trains(init, tmp_path, algorithm, batching):
-    padded = {k: v for k, v in batching.items() if k != "learner"}  # the one process always runs padded
-    if "learner" in batching:
-        padded["learner"] = {k: v for k, v in batching["learner"].items() if k != "packing"}
+    padded = {k: v for k, v in batching.items() if k != "packing"}  # the one process always runs padded
     one, _, _ = _run(*init, tmp_path / "one", algorithm, {}, **padded)
-    two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray", "learner": 2}, **batching)
+    two, pids, spawned = _run(*init, tmp_path / "two", algorithm, {"placement": "ray"}, processes=2, **batching)
     moved = max((a - b).abs().max().item() for a, b in zip(one.policy.parameters(), two.policy.parameters()))
     print(f"{algorithm}: 1 vs 2 learners max |diff| {moved:.2e}")
     if not batching:  # one optimizer step in step 0: its first moment is that step's summed gradient

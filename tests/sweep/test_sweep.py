@@ -78,12 +78,12 @@ def test_rerun_skips_finished_trials_and_retries_the_failed_one(swept):
 
 
 def test_grid_random_and_ranking_logic(tmp_path):
-    grid = SweepConfig(name="s", base="b.yaml", params={"rl.lr": [1, 2], "rl.algorithm": ["grpo", "rloo", "ppo"]})
-    assert len(trial_params(grid)) == 6 and trial_params(grid)[1] == {"rl.lr": 1, "rl.algorithm": "rloo"}
+    grid = SweepConfig(name="s", base="b.yaml", params={"rl.learner.lr": [1, 2], "rl.algorithm": ["grpo", "rloo", "ppo"]})
+    assert len(trial_params(grid)) == 6 and trial_params(grid)[1] == {"rl.learner.lr": 1, "rl.algorithm": "rloo"}
     rnd = SweepConfig(name="s", base="b.yaml", method="random", trials=5, seed=3,
-                      params={"rl.lr": {"low": 1e-5, "high": 1e-3, "log": True}})
-    draws = [p["rl.lr"] for p in trial_params(rnd)]
-    assert draws == [p["rl.lr"] for p in trial_params(rnd)] and all(1e-5 <= d <= 1e-3 for d in draws)
+                      params={"rl.learner.lr": {"low": 1e-5, "high": 1e-3, "log": True}})
+    draws = [p["rl.learner.lr"] for p in trial_params(rnd)]
+    assert draws == [p["rl.learner.lr"] for p in trial_params(rnd)] and all(1e-5 <= d <= 1e-3 for d in draws)
     rows = [{"trial": "a", "status": "finished", "m": 0.5}, {"trial": "b", "status": "failed"},
             {"trial": "c", "status": "finished", "m": 0.9}]
     assert [(r["trial"], r["rank"]) for r in rank(rows, "m", "max")] == [("c", 1), ("a", 2), ("b", None)]
@@ -98,6 +98,6 @@ def test_bad_sweep_keys_name_the_file(tmp_path):
         sweep, base, _ = load_sweep(tmp_path / "s.yaml")
         trial_config(sweep, base, 0, trial_params(sweep)[0], tmp_path / "s.yaml")
     (tmp_path / "s.yaml").write_text(f"name: s\nbase: {ROOT / 'configs/smoke.yaml'}\nmethod: grid\nparams:\n"
-                                     "  rl.lr: {low: 1, high: 2}\n")
+                                     "  rl.learner.lr: {low: 1, high: 2}\n")
     with pytest.raises(ConfigError, match=r"s.yaml.*a grid needs a list"):
         load_sweep(tmp_path / "s.yaml")

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hindsight.registry import Registry
+
 if TYPE_CHECKING:  # the config imports every algorithm for its block, and must not pay for torch
     import torch
 
@@ -57,22 +59,10 @@ class Algorithm:
         raise NotImplementedError
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
-
-
-def register(cls: type[Algorithm]) -> type[Algorithm]:
+def _has_critic_settings(cls: type[Algorithm]) -> None:
     if cls.needs_critic and not issubclass(cls.Settings, CriticSettings):
         raise TypeError(f"{cls.__name__}: an algorithm with needs_critic has Settings derived from CriticSettings")
-    ALGORITHMS[cls.name] = cls
-    return cls
 
 
-def unregister(name: str) -> None:
-    ALGORITHMS.pop(name, None)
-
-
-def get_algorithm(name: str) -> type[Algorithm]:
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(sorted(ALGORITHMS))}") from None
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", validate=_has_critic_settings)
+register, unregister, get_algorithm = ALGORITHMS.register, ALGORITHMS.remove, ALGORITHMS.lookup

@@ -19,6 +19,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from hindsight.errors import ConfigError
+from hindsight.registry import Registry
 
 
 class EngineSettings(BaseModel):
@@ -84,20 +85,5 @@ class Engine:
         """Free what the engine holds (a GPU engine's memory)."""
 
 
-ENGINES: dict[str, type[Engine]] = {}
-
-
-def register(cls: type[Engine]) -> type[Engine]:
-    ENGINES[cls.name] = cls
-    return cls
-
-
-def unregister(name: str) -> None:
-    ENGINES.pop(name, None)
-
-
-def get_engine(name: str) -> type[Engine]:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ValueError(f"unknown rollout engine {name!r}; registered: {', '.join(sorted(ENGINES))}") from None
+ENGINES: Registry[type[Engine]] = Registry("rollout engine")
+register, unregister, get_engine = ENGINES.register, ENGINES.remove, ENGINES.lookup

@@ -12,9 +12,10 @@ import re
 from typing import Callable
 
 from hindsight.data.rows import nesting_depth
+from hindsight.registry import Registry
 from hindsight.rollout.multiturn.tools import ToolCall
 
-PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {}
+PARSERS: Registry[Callable[[str], list[ToolCall]]] = Registry("tool-call parser")
 # A call is read only within these bounds: a model's sample is text of any shape, and json.loads
 # of 1,000 nested brackets raises RecursionError, of a 5,000-digit integer ValueError, and deep
 # arguments would fail the chat template that renders them back. Past a bound, the call is an
@@ -42,18 +43,7 @@ def loads(body: str, what: str = "the tool call") -> tuple[object, str | None]:
     return value, None
 
 
-def register(name: str):
-    def add(fn):
-        PARSERS[name] = fn
-        return fn
-    return add
-
-
-def get_parser(name: str) -> Callable[[str], list[ToolCall]]:
-    try:
-        return PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown tool-call parser {name!r}; registered: {', '.join(sorted(PARSERS))}") from None
+register, get_parser = PARSERS.named, PARSERS.lookup
 
 
 def _call(obj, args_key: str) -> ToolCall:

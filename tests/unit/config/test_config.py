@@ -48,8 +48,8 @@ def test_unknown_key_names_file_line_and_field(tmp_path):
 
 
 def test_wrong_type_names_field(tmp_path):
-    p = _write(tmp_path, "rl:\n  lr: fast\n")
-    with pytest.raises(ConfigError, match=r"c.yaml:2: rl.lr: Input should be a valid number"):
+    p = _write(tmp_path, "rl:\n  learner:\n    lr: fast\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:3: rl.learner.lr: Input should be a valid number"):
         load_config(p)
 
 

@@ -24,7 +24,7 @@ def test_the_failure_rate_is_logged_and_a_reward_under_the_share_does_not_stop(t
 
 def test_a_reward_failing_on_the_share_stops_and_its_scores_are_dropped(tmp_path, init):
     run = RLRun(rl_cfg(tmp_path, rewards=[{"fn": "helpers:varied"}, {"fn": "helpers:half_fail"}],
-                       reward_failure_stop=0.5), init, None)
+                       scoring={"failure_stop": 0.5}), init, None)
     try:
         run.rollout(0)
         with pytest.raises(RewardError, match=r"step 0: reward half_fail failed on 8 of 16 completions "

@@ -20,8 +20,9 @@ def _cfg(work, run_dir, **rl):
     return PipelineConfig.model_validate({
         "name": "roles", "seed": 3, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-        "rl": {"steps": 3, "prompts_per_step": 5, "samples_per_prompt": 4, "reward_isolation": "inline", "lr": 1e-2,
-               "save_every": 1, "rollout": {"max_new_tokens": 5}, "rewards": [{"fn": "helpers:varied"}], **rl}})
+        "rl": {"steps": 3, "prompts_per_step": 5, "samples_per_prompt": 4, "learner": {"lr": 1e-2},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "helpers:varied"}]},
+               "save_every": 1, "rollout": {"max_new_tokens": 5}, **rl}})
 
 
 def _train(run, steps):

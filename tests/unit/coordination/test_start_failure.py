@@ -13,8 +13,8 @@ def test_a_failed_start_closes_the_learner_group(tiny_init, tmp_path, monkeypatc
     cfg = PipelineConfig.model_validate({
         "name": "start", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 2, "reward_isolation": "inline",
-               "rewards": [{"fn": "helpers:varied"}], "workers": {"learner_strategy": "fsdp2"}}})
+        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 2,
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "helpers:varied"}]}, "learner": {"strategy": "fsdp2"}}})
 
     def broken(*_a, **_k):
         assert dist.is_initialized()  # the sharded learner's group of one is up by now

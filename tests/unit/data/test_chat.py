@@ -89,8 +89,8 @@ def test_rl_samples_from_the_template_and_rewards_see_messages(chat_model, tmp_p
     cfg = PipelineConfig.model_validate({
         "name": "chat", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(tmp_path), "dvc_file": None, "build_demo": False, "prompts": prompts, "eval": prompts},
-        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 2, "reward_isolation": "inline",
-               "rollout": {"max_new_tokens": 3}, "rewards": [{"fn": "test_chat:record_reward"}]}})
+        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 2, "rollout": {"max_new_tokens": 3},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_chat:record_reward"}]}}})
     run = RLRun(cfg, chat_model, None)
     run.rollout(0)
     stored = run.store.read("rollouts", 0)

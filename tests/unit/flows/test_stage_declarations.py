@@ -5,14 +5,12 @@ import sys
 
 import pytest
 
-from flows.negative_ft import NEGATIVE_FT
-from flows.reward_model import REWARD_MODEL
-from flows.rl import RL
-from flows.sft import SFT
+from flows.registry import STAGES
 from hindsight.config import PipelineConfig
 from hindsight.stage import cache_key, model_name, model_uri
 
-SPECS = [SFT, REWARD_MODEL, RL, NEGATIVE_FT]
+SPECS = [s.load_spec() for s in STAGES if s.spec is not None]  # every stage with a cache key: a new one is in
+SFT, RL, NEGATIVE_FT = (next(s for s in SPECS if s.name == n) for n in ("sft", "rl", "negative-ft"))
 
 # one valid change per top-level config key
 CHANGES = {
@@ -39,7 +37,8 @@ def workspace(tmp_path, monkeypatch):
     (tmp_path / "my_reward.py").write_text("def score(completions, **kw):\n    return [1.0] * len(completions)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_reward", raising=False)  # another test's copy
-    cfg = PipelineConfig.model_validate({"run_dir": str(tmp_path / "run"), "rl": {"rewards": [{"fn": "my_reward:score"}]},
+    cfg = PipelineConfig.model_validate({"run_dir": str(tmp_path / "run"),
+                                         "rl": {"scoring": {"rewards": [{"fn": "my_reward:score"}]}},
                                          "data": {"dir": str(tmp_path / "data")}})
     return tmp_path, cfg
 

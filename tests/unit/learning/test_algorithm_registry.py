@@ -48,8 +48,8 @@ def test_a_registered_estimator_trains_through_the_unchanged_rl_stage(sign_algor
         "name": "sign", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl")},
         "rl": {"algorithm": "test_sign", "test_sign": {"scale": 2.5}, "steps": 1, "prompts_per_step": 4,
-               "samples_per_prompt": 4, "reward_isolation": "inline", "rollout": {"max_new_tokens": 4},
-               "rewards": [{"fn": "test_algorithm_registry:varied_reward"}]}})
+               "samples_per_prompt": 4, "rollout": {"max_new_tokens": 4},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_algorithm_registry:varied_reward"}]}}})
     assert cfg.rl.algorithm_settings() == SignSettings(scale=2.5)
     run = RLRun(cfg, init, None)
     before = [p.detach().clone() for p in run.policy.parameters()]

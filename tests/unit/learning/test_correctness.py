@@ -46,7 +46,7 @@ def test_dropout_can_be_kept_on_by_choice(tmp_path):
     from hindsight.coordination.run import RLRun
 
     init = tiny_init(tmp_path, attention_dropout=0.9)
-    run = RLRun(rl_cfg(tmp_path, disable_dropout=False), init, None)
+    run = RLRun(rl_cfg(tmp_path, learner={"disable_dropout": False}), init, None)
     run.rollout(0), run.score(0)
     assert abs(run.update(0)["ratio_mean/iter0"] - 1.0) > 1e-5  # the opt-out really keeps dropout
     run.close()

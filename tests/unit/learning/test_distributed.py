@@ -85,7 +85,7 @@ def test_launch_command_uses_the_accelerate_config_when_given(tmp_path):
 
 
 def test_batch_must_divide_over_processes(tmp_path):
-    (tmp_path / "c.yaml").write_text("resources: {num_processes: 3}\nsft: {batch_size: 32}\nrl: {workers: {learner: 1}}\n")
+    (tmp_path / "c.yaml").write_text("resources: {num_processes: 3}\nsft: {batch_size: 32}\nrl: {learner: {processes: 1}}\n")
     with pytest.raises(ConfigError, match="sft.batch_size 32 does not divide over resources.num_processes 3"):
         load_config(tmp_path / "c.yaml")
 
@@ -102,7 +102,7 @@ def test_num_processes_no_longer_trains_rl_and_says_what_does(tmp_path):
                                           r"rl.learner.processes: 2"):
         load_config(tmp_path / "c.yaml")
     (tmp_path / "c.yaml").write_text("resources: {num_processes: 2}\nsft: {batch_size: 8}\nreward_model: {batch_size: 8}\n"
-                                     "rl: {workers: {learner: 1}}\n")
+                                     "rl: {learner: {processes: 1}}\n")
     assert load_config(tmp_path / "c.yaml").resources.num_processes == 2  # one RL process, chosen
 
 

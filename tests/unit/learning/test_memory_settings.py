@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
 
 
 def _rl(**kw):
-    return PipelineConfig.model_validate({"rl": {"rewards": [{"fn": "rewards.exact:exact_answer"}], **kw}}).rl
+    return PipelineConfig.model_validate({"rl": {"scoring": {"rewards": [{"fn": "rewards.exact:exact_answer"}]}, **kw}}).rl
 
 
 def _grads(path, exp, checkpointing):

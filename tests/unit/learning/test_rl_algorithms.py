@@ -26,8 +26,8 @@ def _cfg(work, run_dir, **rl):
     return PipelineConfig.model_validate({
         "name": "algos", "seed": 0, "run_dir": str(run_dir),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-        "rl": {"steps": 3, "prompts_per_step": 4, "samples_per_prompt": 4, "save_every": 1, "reward_isolation": "inline",
-               "rollout": {"max_new_tokens": 4}, "rewards": [{"fn": "test_rl_algorithms:varied_reward"}], **rl}})
+        "rl": {"steps": 3, "prompts_per_step": 4, "samples_per_prompt": 4, "save_every": 1, "rollout": {"max_new_tokens": 4},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_rl_algorithms:varied_reward"}]}, **rl}})
 
 
 def _train(run, steps):
@@ -41,7 +41,7 @@ def _train(run, steps):
     ("grpo", {"grpo": {"scale_rewards": "batch"}}),
     ("rloo", {"kl": {"in": "reward", "coef": 0.1, "estimator": "k1"}}),
     ("reinforce_pp", {"kl": {"in": "reward", "coef": 0.1}, "samples_per_prompt": 1}),
-    ("ppo", {"entropy_coef": 0.01, "ppo": {"critic_lr": 1e-3}}),
+    ("ppo", {"learner": {"entropy_coef": 0.01}, "ppo": {"critic_lr": 1e-3}}),
 ])
 def test_each_algorithm_trains_and_changes_the_policy(init, tmp_path, algorithm, extra):
     work, path = init

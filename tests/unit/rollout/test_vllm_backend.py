@@ -60,9 +60,9 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
         "name": "v", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl"),
                  "eval": str(tmp_path / "data/eval.jsonl")},
-        "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 3, "reward_isolation": "inline", "lr": 1e-2,
+        "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 3, "learner": {"lr": 1e-2},
                "rollout": {"backend": "vllm", "max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95},
-               "rewards": [{"fn": "test_vllm_backend:varied"}]}})
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_vllm_backend:varied"}]}}})
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="rl.rollout.backend: vllm cannot run"):
         from flows.rl import RL
@@ -100,9 +100,9 @@ def _nucleus_run(tmp_path, monkeypatch, **rl):
     cfg = PipelineConfig.model_validate({
         "name": "v", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl")},
-        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 3, "reward_isolation": "inline",
+        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 3,
                "rollout": {"backend": "vllm", "max_new_tokens": 4, "top_p": 0.7},
-               "rewards": [{"fn": "test_vllm_backend:varied"}], **rl}})
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_vllm_backend:varied"}]}, **rl}})
     run = RLRun(cfg, init, None)
     from hindsight.models.load import load_causal_lm
 

@@ -39,8 +39,8 @@ def _run(work, init, tmp_path, rewards):
     cfg = PipelineConfig.model_validate({
         "name": "r", "run_dir": str(tmp_path / "run"),
         "data": {"dir": str(work / "data"), "dvc_file": None, "prompts": str(work / "data/prompts.jsonl")},
-        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 3, "reward_isolation": "inline",
-               "rollout": {"max_new_tokens": 6}, "rewards": rewards}})
+        "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 3, "rollout": {"max_new_tokens": 6},
+               "scoring": {"isolation": "inline", "rewards": rewards}}})
     run = RLRun(cfg, init, None)
     run.rollout(0), run.score(0)
     return run
@@ -75,8 +75,8 @@ def test_per_reward_args_and_unique_metric_names():
 
 
 def test_yaml_args_reach_the_reward(tmp_path):
-    cfg = PipelineConfig.model_validate({"rl": {"rewards": [
-        {"fn": "rewards.format:regex_reward", "args": {"pattern": "^x$"}, "name": "just_x"}]}})
+    cfg = PipelineConfig.model_validate({"rl": {"scoring": {"rewards": [
+        {"fn": "rewards.format:regex_reward", "args": {"pattern": "^x$"}, "name": "just_x"}]}}})
     res = score_completions(cfg.rl.scoring.rewards, ["x", "y"], {})
     assert res.per_fn == {"just_x": [1.0, 0.0]}
 
