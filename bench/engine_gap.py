@@ -32,7 +32,7 @@ def main() -> None:
     import torch
 
     from hindsight.learning.correction import Correction, gap_metrics
-    from hindsight.logprobs import budgeted_logprobs
+    from hindsight.maths.logprobs import budgeted_logprobs
     from hindsight.models.load import load_causal_lm, load_tokenizer
     from hindsight.rollout.hf import sample_groups
 

@@ -149,7 +149,7 @@ class Kernel:
 
     def step(self, batch: list[dict], step: int, seed: int) -> float:
         from hindsight.learning.update import update
-        from hindsight.logprobs import group_token_logprobs
+        from hindsight.maths.logprobs import group_token_logprobs
         from hindsight.rollout.seeds import group_seed
         from hindsight.rollout.hf import sample_groups
         from hindsight.scoring.rewards import score_completions

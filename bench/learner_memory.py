@@ -67,7 +67,7 @@ def batch(rows: int, seed: int = 0, vocab: int = SHAPE["vocab"]):
     cut at 128 (a step always has rows that ran to max_new_tokens), a group's prompt shared."""
     import torch
 
-    from hindsight.experience import Experience
+    from hindsight.maths.experience import Experience
 
     g = torch.Generator().manual_seed(seed)
     p, t, size = SHAPE["prompt"], SHAPE["completion"], SHAPE["group"]

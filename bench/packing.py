@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hindsight.experience import Experience, pad_left, pad_right  # noqa: E402
+from hindsight.maths.experience import Experience, pad_left, pad_right  # noqa: E402
 from hindsight.learning.update import LearnerSettings, update  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def reward_model_ratio(exp: Experience, budget: int, repeats: int) -> float:
     """Packed over padded real tokens per second of the reward model's scoring forward."""
     from transformers import Qwen2ForSequenceClassification
 
-    from hindsight.scores import budgeted_scores
+    from hindsight.maths.scores import budgeted_scores
 
     torch.manual_seed(0)
     rm = Qwen2ForSequenceClassification(config()).eval()

@@ -5,7 +5,7 @@ micro-batch budget, no reference model), measured in one fresh process, step by 
     python bench/real_memory.py
 
 It runs the measurement twice, each in a fresh process: with the log-probs computed a chunk of
-positions at a time through the output layer (`hindsight.logprobs.LOGIT_CHUNK`, the default),
+positions at a time through the output layer (`hindsight.maths.logprobs.LOGIT_CHUNK`, the default),
 and with the whole logits held (`LOGIT_CHUNK = 0`, as before), and prints the ratio of the two
 update peaks and of the two whole-process peaks.
 
@@ -47,7 +47,7 @@ def reset_peak() -> int:
 def measure(chunk: int) -> dict:
     import torch
 
-    import hindsight.logprobs
+    import hindsight.maths.logprobs
 
     from hindsight.config import load_config
     from hindsight.data.chat import as_chat, prompt_text
@@ -59,7 +59,7 @@ def measure(chunk: int) -> dict:
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    hindsight.logprobs.LOGIT_CHUNK = chunk
+    hindsight.maths.logprobs.LOGIT_CHUNK = chunk
     cfg = load_config(ROOT / "configs/examples/smollm2-reasoning.yaml")  # its smoke: block is a preset, not a key
     rl = cfg.rl
     path = resolve_model_path(GGUF)
@@ -109,7 +109,7 @@ def main() -> None:
     if "--one" in sys.argv:
         print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]))))
         return
-    from hindsight.logprobs import LOGIT_CHUNK
+    from hindsight.maths.logprobs import LOGIT_CHUNK
 
     m, whole = run_child(LOGIT_CHUNK), run_child(0)
     n = m["params"]

@@ -38,7 +38,7 @@ def _median_s(fn, repeats: int = 5) -> float:
 
 def phases(kernel: bench.Kernel, rows: list[dict]) -> dict[str, float]:
     from hindsight.learning.update import update
-    from hindsight.logprobs import group_token_logprobs
+    from hindsight.maths.logprobs import group_token_logprobs
     from hindsight.rollout.hf import sample_groups
 
     prompts = [r["prompt"] for r in rows[: bench.PROMPTS]]

@@ -93,7 +93,7 @@ class LearnerConfig(Strict):
                                         "memory) shared by the group's processes")
     packing: Literal["off", "on", "auto"] = Field("off", description="padding-free micro-batches: a micro-batch's "
                                                   "rows end to end in sequences no wider than its widest row, "
-                                                  "positions restarting per row (hindsight.packing), in the update "
+                                                  "positions restarting per row (hindsight.maths.packing), in the update "
                                                   "and the behaviour, reference and critic forwards; auto packs "
                                                   "where it cuts the tokens a forward runs on by 15 %")
     max_grad_norm: float = Field(1.0, gt=0)

@@ -27,7 +27,7 @@ from hindsight.console import say
 from hindsight.data.bounds import longest_prompt
 from hindsight.data.rows import load_rows
 from hindsight.errors import CheckpointError, NonFiniteError, RewardError
-from hindsight.experience import advantage_rows, experience_from_rows
+from hindsight.maths.experience import advantage_rows, experience_from_rows
 from hindsight.scoring.rewards import reward_weights
 from hindsight.faults import crash_point
 from hindsight.learning.learner import Learner, PeerLost

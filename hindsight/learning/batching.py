@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hindsight.experience import Experience, lengths
+from hindsight.maths.experience import Experience, lengths
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from hindsight.logprobs import at_least_fp32, position_ids
-from hindsight.packing import pack, unpack, worth_packing
-from hindsight.scores import per_position
+from hindsight.maths.logprobs import at_least_fp32, position_ids
+from hindsight.maths.packing import pack, unpack, worth_packing
+from hindsight.maths.scores import per_position
 
 
 def token_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,

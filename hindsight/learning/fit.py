@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from hindsight.errors import ConfigError
-from hindsight.logprobs import micro_logprobs, model_device
+from hindsight.maths.logprobs import micro_logprobs, model_device
 
 HEADROOM = 0.9          # the share of the cap a step may reach: allocator slack and what the probes miss
 PROBE_ROWS = (1, 2, 4)  # rows per probe micro-batch: two or three points for the line

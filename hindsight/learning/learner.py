@@ -15,7 +15,7 @@ from contextlib import nullcontext
 import torch
 
 from hindsight.errors import StageError
-from hindsight.experience import Experience
+from hindsight.maths.experience import Experience
 from hindsight.learning.algorithms import get_algorithm
 from hindsight.learning.rank import LearnerRank
 from hindsight.learning.strategies import get_strategy

@@ -10,8 +10,8 @@ import random
 import torch
 
 from hindsight.learning.terms import unlikelihood_loss
-from hindsight.experience import pad_left, pad_right
-from hindsight.logprobs import token_logprobs
+from hindsight.maths.experience import pad_left, pad_right
+from hindsight.maths.logprobs import token_logprobs
 from hindsight.state.store import RolloutStore
 
 

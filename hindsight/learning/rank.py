@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from functools import partial
 
-from hindsight.experience import Experience, lengths
+from hindsight.maths.experience import Experience, lengths
 from hindsight.faults import crash_point
 from hindsight.learning.fit import BudgetFit, fit_budget, memory_cap
 from hindsight.learning.build import build_critic, build_optimizer, build_policy
@@ -23,7 +23,7 @@ from hindsight.learning.health import Health
 from hindsight.learning.strategies import get_strategy
 from hindsight.learning.strategies.base import collective_timeout_s
 from hindsight.learning.update import learner_settings, update
-from hindsight.logprobs import model_device
+from hindsight.maths.logprobs import model_device
 
 
 class LearnerRank:

@@ -26,8 +26,8 @@ from hindsight.learning.terms import kl_estimate, value_loss
 from hindsight.learning.batching import Totals, mini_batches, padded_share, padding_fraction
 from hindsight.learning.critic import token_values
 from hindsight.learning.oom import split_on_oom
-from hindsight.experience import Experience, lengths, micro_batches, trimmed
-from hindsight.logprobs import budgeted_logprobs, micro_logprobs, model_device, packs
+from hindsight.maths.experience import Experience, lengths, micro_batches, trimmed
+from hindsight.maths.logprobs import budgeted_logprobs, micro_logprobs, model_device, packs
 
 
 @dataclass(frozen=True, kw_only=True)

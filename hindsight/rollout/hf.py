@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from hindsight.data.chat import prompt_text
-from hindsight.experience import Experience, pad_left
-from hindsight.logprobs import budgeted_logprobs, cache_kwargs, model_device, output_cache, position_ids
+from hindsight.maths.experience import Experience, pad_left
+from hindsight.maths.logprobs import budgeted_logprobs, cache_kwargs, model_device, output_cache, position_ids
 from hindsight.rollout.decoding import completion_mask, end_token_ids
 
 

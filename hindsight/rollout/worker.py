@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 
 
 from hindsight.data.chat import is_conversation, prompt_text
-from hindsight.experience import Experience
+from hindsight.maths.experience import Experience
 from hindsight.faults import crash_point
-from hindsight.logprobs import budgeted_logprobs
+from hindsight.maths.logprobs import budgeted_logprobs
 from hindsight.rollout.seeds import group_seed
 from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.engines import EngineContext, get_engine

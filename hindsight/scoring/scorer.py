@@ -12,10 +12,10 @@ import json
 import time
 
 
-from hindsight.experience import experience_from_rows
-from hindsight.logprobs import budgeted_logprobs
+from hindsight.maths.experience import experience_from_rows
+from hindsight.maths.logprobs import budgeted_logprobs
 from hindsight.rollout.worker import write_groups
-from hindsight.scores import budgeted_scores
+from hindsight.maths.scores import budgeted_scores
 from hindsight.scoring.rewards import score_completions
 from hindsight.state.rundir import RLDir
 from hindsight.state.store import RolloutStore

@@ -25,7 +25,7 @@ from hindsight.buckets import by_size, nbytes
 from hindsight.errors import CheckpointError
 from hindsight.learning.strategies.base import Strategy, peers_join, register
 from hindsight.learning.strategies.meta_start import can_start_on_meta, materialize
-from hindsight.logprobs import COLLECTIVE_FORWARD
+from hindsight.maths.logprobs import COLLECTIVE_FORWARD
 from hindsight.models.load import FRESH, default_device, load_causal_lm
 
 

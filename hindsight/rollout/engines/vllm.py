@@ -27,7 +27,7 @@ from pydantic import Field
 from hindsight.rollout.engines.base import Engine, EngineSettings, register
 
 if TYPE_CHECKING:
-    from hindsight.experience import Experience
+    from hindsight.maths.experience import Experience
 
 # torch and the rest are imported where they are used: the config imports every engine for its
 # settings block, and a command that samples nothing (a cached rerun) must not pay for torch
@@ -136,7 +136,7 @@ def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[
     """Token lists (vLLM stops at EOS and includes it) -> the padded batch the learner trains on."""
     import torch
 
-    from hindsight.experience import Experience, pad_left, pad_right
+    from hindsight.maths.experience import Experience, pad_left, pad_right
 
     p_ids, p_mask = pad_left(prompt_ids, pad_id)                                  # (B, P)
     c_ids, c_mask = pad_right(completions, pad_id)                                # (B, T)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hindsight.experience import Experience, pad_left, pad_right
-from hindsight.logprobs import budgeted_logprobs, model_device
+from hindsight.maths.experience import Experience, pad_left, pad_right
+from hindsight.maths.logprobs import budgeted_logprobs, model_device
 from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.multiturn.parsers import get_parser
 from hindsight.rollout.multiturn.tools import ToolCall

@@ -8,7 +8,7 @@ from hindsight.errors import ConfigError
 from hindsight.learning.losses.objective import Objective
 from hindsight.learning.fit import BudgetFit, fit_budget, fit_line, measure_peak, pending_bytes, rows_that_fit
 from hindsight.learning.update import LearnerSettings, update
-from hindsight.experience import Experience
+from hindsight.maths.experience import Experience
 
 PROMPT, COMPLETION, ROWS = 16, 112, 16
 WIDTH = PROMPT + COMPLETION

@@ -1,12 +1,12 @@
-"""Logits never held whole (`hindsight.logprobs.hidden_out`): the log-probs, entropies, a loss
+"""Logits never held whole (`hindsight.maths.logprobs.hidden_out`): the log-probs, entropies, a loss
 with signal and its gradients equal the whole-logits path's to float32 round-off, on every path
 a micro-batch takes (plain, shared prompt, packed), with chunks that split rows; a model that
 changes its logits after the output layer (Gemma 2's soft-capping) keeps the whole path."""
 import pytest
 import torch
 
-import hindsight.logprobs as lp
-from hindsight.logprobs import micro_logprobs
+import hindsight.maths.logprobs as lp
+from hindsight.maths.logprobs import micro_logprobs
 from hindsight.models.load import load_causal_lm
 from hindsight.models.tiny import build_tiny_model
 

@@ -8,7 +8,7 @@ from hindsight.learning.algorithms import advantages as adv
 from hindsight.learning.losses.objective import Objective, policy_loss
 from hindsight.learning.terms import value_loss
 from hindsight.learning.update import LearnerSettings, compute_advantages
-from hindsight.experience import Experience
+from hindsight.maths.experience import Experience
 from hindsight.coordination.replay import group_priority, pick_hard_examples, signal_groups
 
 

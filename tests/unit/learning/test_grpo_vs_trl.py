@@ -158,7 +158,7 @@ def test_multi_turn_loss_and_gradients_match_trl_with_its_tool_mask(ours, theirs
     """A multi-turn batch: TRL's GRPOTrainer trains on completion_mask * tool_mask (tool results
     0); ours on completion_mask * action_mask. The loss and gradients agree, and the gradient at
     every tool token is exactly zero."""
-    from hindsight.experience import Experience
+    from hindsight.maths.experience import Experience
 
     g = torch.Generator().manual_seed(5)
     B, T = 6, 9

@@ -66,7 +66,7 @@ def test_bf16_compute_keeps_float32_master_weights_and_a_small_step_moves_them(t
 
 
 def test_the_forward_runs_in_bf16_under_autocast(tiny):
-    from hindsight.logprobs import compute_autocast
+    from hindsight.maths.logprobs import compute_autocast
 
     path, _ = tiny
     model = build_policy(path, ModelConfig(dtype="bfloat16"), _rl())

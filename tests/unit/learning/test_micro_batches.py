@@ -11,7 +11,7 @@ import torch
 from hindsight.config.legacy import AGGREGATION_LOSS
 
 from hindsight.learning.algorithms.ppo import PPOSettings
-from hindsight.experience import micro_batches, trimmed
+from hindsight.maths.experience import micro_batches, trimmed
 from hindsight.learning.batching import Totals, mini_batches
 from hindsight.learning.update import LearnerSettings, update
 from hindsight.learning.losses.objective import Objective, aggregate

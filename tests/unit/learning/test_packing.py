@@ -3,11 +3,11 @@ choice, and packed log-probs against padded ones on a tiny model (the step's equ
 tests/unit/learning/test_micro_batches.py's)."""
 import torch
 
-from hindsight.logprobs import micro_logprobs, packed_token_logprobs, packs, token_logprobs
+from hindsight.maths.logprobs import micro_logprobs, packed_token_logprobs, packs, token_logprobs
 from hindsight.models.load import load_causal_lm, load_reward_model
 from hindsight.models.tiny import build_tiny_model
-from hindsight.packing import bins, pack, unpack, worth_packing
-from hindsight.scores import budgeted_scores, packed_sequence_scores, packs_scores, pooled_columns, sequence_scores
+from hindsight.maths.packing import bins, pack, unpack, worth_packing
+from hindsight.maths.scores import budgeted_scores, packed_sequence_scores, packs_scores, pooled_columns, sequence_scores
 
 
 def test_bins_are_first_fit_decreasing_within_the_widest_row():
@@ -112,7 +112,7 @@ def test_reward_model_scores_stay_padded_where_packing_cannot_reproduce_them(tmp
 
 
 def test_budgeted_packed_scores_equal_padded_ones_over_micro_batches(tmp_path):
-    from hindsight.experience import experience_from_rows
+    from hindsight.maths.experience import experience_from_rows
     rm = _reward_model(tmp_path)
     pad = rm.config.pad_token_id
     g = torch.Generator().manual_seed(1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from hindsight.data.chat import prompt_text
-from hindsight.experience import Experience, pad_left, pad_right
+from hindsight.maths.experience import Experience, pad_left, pad_right
 from hindsight.rollout.engines import Engine, EngineSettings, register
 
 

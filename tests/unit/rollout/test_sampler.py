@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hindsight.logprobs import group_token_logprobs, shares_prompts, token_logprobs
+from hindsight.maths.logprobs import group_token_logprobs, shares_prompts, token_logprobs
 from hindsight.models.load import load_causal_lm, load_tokenizer
 from hindsight.rollout.hf import gumbel_noise, nucleus_logits, pick_tokens, sample_groups
 

@@ -7,8 +7,8 @@ from functools import lru_cache
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from hindsight.experience import Experience, lengths, micro_batches, trimmed
-from hindsight.packing import pack, unpack, worth_packing
+from hindsight.maths.experience import Experience, lengths, micro_batches, trimmed
+from hindsight.maths.packing import pack, unpack, worth_packing
 
 
 # set on a model by a learner strategy whose every forward is a collective over the group
@@ -240,7 +240,7 @@ def packs(model, attention_mask: torch.Tensor, n_completion: int, group_size: in
 
 def packed_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
                           temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
-    """`token_logprobs` on the rows packed end to end (`hindsight.packing`): (B, T) logp and
+    """`token_logprobs` on the rows packed end to end (`hindsight.maths.packing`): (B, T) logp and
     entropy, 0 at masked positions."""
     dev = model_device(model)
     packed = pack(input_ids.cpu(), attention_mask.cpu(), n_completion).to(dev)

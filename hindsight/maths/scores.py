@@ -3,7 +3,7 @@ the critic's value at every position, padded or packed.
 
 transformers' sequence classifier maps every hidden state to a scalar and pools one: the
 rightmost token that is not the pad id (so left and right padding both work). A packed forward
-(`hindsight.packing`) lays rows end to end with positions restarting, reads the head at every
+(`hindsight.maths.packing`) lays rows end to end with positions restarting, reads the head at every
 position and takes, for each row, the position that rule names: the padded forward's score on
 fewer tokens.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from hindsight.experience import Experience, lengths, micro_batches, trimmed
-from hindsight.logprobs import compute_autocast, model_device, position_ids
-from hindsight.packing import pack, worth_packing
+from hindsight.maths.experience import Experience, lengths, micro_batches, trimmed
+from hindsight.maths.logprobs import compute_autocast, model_device, position_ids
+from hindsight.maths.packing import pack, worth_packing
 
 
 def score_head(model):
