@@ -48,7 +48,7 @@ def setup(work: Path, task: str) -> tuple[str, list[dict]]:
     from hindsight.models.tiny import build_tiny_model
     from hindsight.data.sumtask import build_sum_data
     from hindsight.config import DataConfig
-    from hindsight.learning.trainers import train_sft
+    from hindsight.trainers.supervised import train_sft
 
     (build_sum_data if task == "sum" else build_demo_data)(work / "data", seed=0)
     base = build_tiny_model(work / "base")

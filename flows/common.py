@@ -133,7 +133,7 @@ def transient(task, task_run, state) -> bool:
 
 def train(ctx: StageContext, trainer: str, **kwargs) -> dict:
     """A TRL trainer in this process, or under `accelerate launch` with resources.num_processes."""
-    from hindsight.learning.launch import run_trainer  # TRL and peft take seconds to import; only these stages need them
+    from hindsight.trainers.launch import run_trainer  # TRL and peft take seconds to import; only these stages need them
 
     res = ctx.cfg.resources
     return run_trainer(trainer, kwargs, res.num_processes, res.accelerate_config, log=ctx.log)

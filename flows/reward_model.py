@@ -7,7 +7,7 @@ from prefect import flow
 
 from flows.common import run_declared, train
 from hindsight.config import PipelineConfig
-from hindsight.learning.trainers import chance_warning
+from hindsight.trainers.supervised import chance_warning
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 
 log = logging.getLogger("hindsight")

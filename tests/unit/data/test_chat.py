@@ -53,7 +53,7 @@ def test_the_prompt_text_is_the_chat_template(chat_model):
 def test_sft_and_the_reward_model_train_on_conversations_through_trl(chat_model, tmp_path):
     from trl.data_utils import is_conversational
 
-    from hindsight.learning.trainers import train_reward_model, train_sft
+    from hindsight.trainers.supervised import train_reward_model, train_sft
 
     sft_rows = [{"messages": _conversation(a, b, a + b)} for a in range(8) for b in range(4)]
     sft = DataConfig(sft=_write(tmp_path / "sft.jsonl", sft_rows)).reading("sft")

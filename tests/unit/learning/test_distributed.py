@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from hindsight.config import ConfigError, DataConfig, load_config
 from hindsight.data.demo import build_demo_data
-from hindsight.learning.launch import launch_command, run_trainer
+from hindsight.trainers.launch import launch_command, run_trainer
 from hindsight.models.tiny import build_tiny_model
 
 ATOL = 5e-5  # measured: SFT 7e-9, reward model 6e-6 (gloo's sum order, which Adam magnifies on tiny gradients)
@@ -70,7 +70,7 @@ def test_cpu_training_is_fp32():
     """TRL's configs default to bf16 autocast; on CPU we train in fp32 (the cause of defect 12)."""
     from trl import RewardConfig, SFTConfig
 
-    from hindsight.learning.trainers import _precision
+    from hindsight.trainers.supervised import _precision
 
     for cls in (SFTConfig, RewardConfig):
         assert cls(output_dir="/tmp/unused", **_precision()).bf16 is False
@@ -81,7 +81,7 @@ def test_launch_command_uses_the_accelerate_config_when_given(tmp_path):
     assert "--multi_gpu" in ddp and ddp[ddp.index("--num_processes") + 1] == "2"
     fsdp = launch_command(4, tmp_path / "a.json", "configs/accelerate/fsdp.yaml")
     assert fsdp[fsdp.index("--config_file") + 1] == "configs/accelerate/fsdp.yaml" and "--multi_gpu" not in fsdp
-    assert fsdp[-2:] == ["hindsight.learning.launch", str(tmp_path / "a.json")]
+    assert fsdp[-2:] == ["hindsight.trainers.launch", str(tmp_path / "a.json")]
 
 
 def test_batch_must_divide_over_processes(tmp_path):

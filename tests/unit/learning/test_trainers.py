@@ -5,7 +5,7 @@ from hindsight.config import DataConfig, LoraConfig
 from hindsight.data.demo import build_demo_data
 from hindsight.models.load import load_causal_lm
 from hindsight.models.tiny import build_tiny_model
-from hindsight.learning.trainers import train_sft
+from hindsight.trainers.supervised import train_sft
 
 
 def test_sft_with_lora_merges_into_a_plain_checkpoint(tmp_path):
@@ -29,7 +29,7 @@ def test_sft_with_lora_merges_into_a_plain_checkpoint(tmp_path):
 def test_the_reward_model_reports_pairwise_accuracy_on_pairs_it_never_trained_on(tmp_path):
     """TRL's RewardTrainer measures the held-out accuracy; checked here against scoring each held-out
     pair by hand with the saved model (TRL's tokenisation: prompt + text + eos)."""
-    from hindsight.learning.trainers import held_out_split, train_reward_model
+    from hindsight.trainers.supervised import held_out_split, train_reward_model
     from hindsight.models.load import load_reward_model, load_tokenizer
 
     base = build_tiny_model(tmp_path / "base", hidden=32, layers=1, heads=2)
@@ -55,7 +55,7 @@ def test_the_reward_model_reports_pairwise_accuracy_on_pairs_it_never_trained_on
 
 
 def test_a_reward_model_near_chance_is_warned_about():
-    from hindsight.learning.trainers import chance_warning
+    from hindsight.trainers.supervised import chance_warning
 
     warning = chance_warning({"eval/pairwise_accuracy": 0.53, "eval/pairs": 200.0, "train/loss": 0.69})
     assert warning.startswith("reward model: pairwise accuracy 0.530 on 200 held-out pairs is near chance (0.5)")

@@ -7,7 +7,7 @@ global batch: each process takes batch_size / N, so the run trains on the same b
 as one process would. Rank 0 writes the metrics and the model; the task logs and registers
 them as usual. On a CPU the same path runs with the gloo backend (the tests use 2 processes).
 
-Usage inside the launch: python -m hindsight.learning.launch ARGS.json
+Usage inside the launch: python -m hindsight.trainers.launch ARGS.json
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from hindsight.fsutil import append_line, atomic_write_json
 from hindsight.registry import Registry
 
 # stage -> its TRL trainer function, registered in its module (imported at the first lookup: TRL is heavy)
-TRAINERS: Registry = Registry("trainer", built_in={"sft": "hindsight.learning.trainers",
-                                                   "reward-model": "hindsight.learning.trainers"})
+TRAINERS: Registry = Registry("trainer", built_in={"sft": "hindsight.trainers.supervised",
+                                                   "reward-model": "hindsight.trainers.supervised"})
 
 
 def world_size() -> int:
@@ -42,7 +42,7 @@ def launch_command(num_processes: int, args_file: Path, accelerate_config: str |
     else:  # DDP through torchrun; the trainers pick gloo themselves when there is no GPU
         cmd += ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     cmd += ["--num_processes", str(num_processes), "--main_process_port", str(_free_port()),
-            "-m", "hindsight.learning.launch", str(args_file)]
+            "-m", "hindsight.trainers.launch", str(args_file)]
     return cmd
 
 
@@ -85,9 +85,9 @@ def main(args_file: str) -> None:
         if is_main_process():
             append_line(workdir / "metrics.jsonl", json.dumps({"step": step, "metrics": metrics}))
 
-    # run as `-m hindsight.learning.launch`, this module is __main__: the trainers register into the
+    # run as `-m hindsight.trainers.launch`, this module is __main__: the trainers register into the
     # module imported by its name, so look them up there
-    from hindsight.learning.launch import TRAINERS as registered
+    from hindsight.trainers.launch import TRAINERS as registered
 
     result = registered.lookup(spec["stage"])(**kwargs, log=log)
     if is_main_process():

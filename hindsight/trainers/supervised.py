@@ -5,7 +5,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from hindsight.data.rows import load_rows
-from hindsight.learning.launch import TRAINERS
+from hindsight.trainers.launch import TRAINERS
 
 
 # The data is shuffled once with the seed and read in order, so step k trains on the same
@@ -138,7 +138,7 @@ def chance_warning(metrics: dict) -> str | None:
 
 def _per_device(batch_size: int) -> int:
     """`batch_size` is the global batch; under `accelerate launch` each process takes its share."""
-    from hindsight.learning.launch import world_size
+    from hindsight.trainers.launch import world_size
 
     n = world_size()
     if batch_size % n:
