@@ -132,6 +132,20 @@ def test_the_learner_group_across_two_nodes_trains_what_one_process_trains(tiny_
         assert torch.allclose(a, b, atol=5e-4), k  # the two ranks sum gradients in another order
 
 
+def _wait_gone(pid: int, limit_s: float = 60.0) -> None:
+    import time
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} outlived its node by {limit_s:g} s")
+
+
 def test_the_node_of_a_learner_rank_removed_the_group_is_rebuilt_on_another(tiny_init, reference, tmp_path,
                                                                            cluster):
     """Rank 1's raylet removed between steps 1 and 2 (the process, its node and its object store
@@ -155,6 +169,7 @@ def test_the_node_of_a_learner_rank_removed_the_group_is_rebuilt_on_another(tiny
                 node = next(n for n in cluster.worker_nodes if n.all_processes["raylet"][0].process.pid == parent)
                 cluster.remove_node(node, allow_graceful=False)
                 removed.append(node.node_id)
+                _wait_gone(rank)  # a raylet's workers exit a moment after it: the steps are faster
             run.rollout(step), run.score(step), run.update(step)
     finally:
         run.close()
