@@ -223,7 +223,8 @@ def _report(chaos, run, steps: int, took: list[float], clean_took: list[float], 
     why = {}
     for e in (e for e in events if "why" in e):  # not the scale requests' records
         key = "learner group rebuilt" if e["role"] == "learner" else \
-            next((k for k in ("died", "no heartbeat", "nothing written", "not started", "lease") if k in e["why"]), e["why"])
+            next((k for k in ("died", "no heartbeat", "nothing written", "not started", "lease", "no answer to weights")
+                  if k in e["why"]), e["why"])
         why[key] = why.get(key, 0) + 1
     print(f"faults {chaos.injected} ({', '.join(f'{k} {n}' for k, n in sorted(chaos.counts.items()))}), "
           f"wedged 0, lost groups {lost}, trained twice {twice}")
