@@ -83,6 +83,8 @@ def _train(cfg: dict, init: str, chaos=None, steps: int | None = None):
         for step in range(run.rl.steps):
             if step == steps or (chaos is not None and chaos.finished.is_set() and step >= chaos.last_step + 3):
                 break
+            if chaos is not None:
+                chaos.boundary()
             t0 = time.monotonic()
             run.rollout(step), run.score(step), run.update(step)
             took.append(time.monotonic() - t0)
@@ -110,17 +112,14 @@ def _resume(pid: int) -> None:
         pass
 
 
-class Chaos:
-    """Faults, one at a time, into the sampler the run holds now (it changes when replaced): each
-    is injected, then the next waits until a step has completed after it. A fault's recovery is
-    the time from its injection to that step's end; a replacement's start is the time from a new
-    sampler's appearance to its first heartbeat."""
+class Faults:
+    """What every soak's fault thread shares: its counts and recovery times, a thread started
+    with the run (`_loop`, the soak's own), and the events that end it."""
 
     def __init__(self, rng: random.Random, marker: Path, most: int):
         self.rng, self.marker, self.most = rng, marker, most
         self.counts: dict[str, int] = {}
         self.recovery: dict[str, list[float]] = {}
-        self.replacements: list = []  # the samplers that replaced one hit
         self.finished, self._done = threading.Event(), threading.Event()
         self.last_step = 0
 
@@ -134,6 +133,23 @@ class Chaos:
     @property
     def injected(self) -> int:
         return sum(self.counts.values())
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def boundary(self) -> None:
+        """Called by the training loop between steps, in the main thread (for what must run there)."""
+
+
+class Chaos(Faults):
+    """Faults, one at a time, into the sampler the run holds now (it changes when replaced): each
+    is injected, then the next waits until a step has completed after it. A fault's recovery is
+    the time from its injection to that step's end; a replacement's start is the time from a new
+    sampler's appearance to its first heartbeat."""
+
+    def __init__(self, rng: random.Random, marker: Path, most: int):
+        super().__init__(rng, marker, most)
+        self.replacements: list = []  # the samplers that replaced one hit
 
     def _loop(self) -> None:
         while self.injected < self.most and not self._done.wait(self.rng.uniform(1.0, 3.0)):
@@ -183,22 +199,29 @@ class Chaos:
         return [s.liveness.served_at - s.liveness.created_at for s in self.replacements if s.liveness.served_at]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--faults", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def workspace(work: Path) -> str:
+    """This process's threads, the demo data, a tiny model (its folder returned) and the soak's
+    reward module, importable, under `work`."""
     from hindsight.cpus import set_stage_threads
     from hindsight.data.demo import build_demo_data
     from hindsight.models.tiny import build_tiny_model
 
     set_stage_threads(None)
+    build_demo_data(work / "data", seed=0)
+    init = str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
+    (work / "chaos_reward.py").write_text(REWARD)
+    sys.path.insert(0, str(work))
+    return init
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        build_demo_data(work / "data", seed=0)
-        init = str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
-        (work / "chaos_reward.py").write_text(REWARD)
-        sys.path.insert(0, str(work))
+        init = workspace(work)
         os.environ["CHAOS_HANG"], os.environ["CHAOS_STAGE_PID"] = str(work / "hang"), str(os.getpid())
         chaos = Chaos(random.Random(args.seed), work / "hang", args.faults)
         t0 = time.monotonic()

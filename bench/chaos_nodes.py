@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from chaos import REWARD, _report, _resume, _wedge_alarm
+from chaos import Faults, _report, _resume, _train, workspace
 
 WORKERS = {"heartbeat_s": 0.25, "silent_after_s": 3.0, "lease_ttl_s": 4.0, "lease_s_per_token": 0.0,
            "replacements": 100000, "stall_first_s": 600.0, "stall_min_s": 120.0, "collective_min_s": 8.0,
@@ -55,34 +55,6 @@ def _config(work: Path, run_dir: Path, steps: int, address: str) -> dict:
                    "learner": {"lr": 1e-3, "processes": 2, "health": {"enabled": False}},
                    "scoring": {"rewards": [{"fn": "chaos_reward:flaky"}], "isolation": "inline"},
                    "workers": {**WORKERS, "ray_address": address}}}
-
-
-def _train(cfg: dict, init: str, chaos=None, steps: int | None = None):
-    """As `chaos._train`: until `steps`, or with chaos until its last fault is recovered from."""
-    from hindsight.config import PipelineConfig
-    from hindsight.coordination.run import RLRun
-
-    run = RLRun(PipelineConfig.model_validate(cfg), init, None)
-    took, last, ended = [], [time.monotonic()], threading.Event()
-    threading.Thread(target=_wedge_alarm, args=(last, took, ended), daemon=True).start()
-    try:
-        if chaos is not None:
-            chaos.start(run, took)
-        for step in range(run.rl.steps):
-            if step == steps or (chaos is not None and chaos.finished.is_set() and step >= chaos.last_step + 3):
-                break
-            if chaos is not None:
-                chaos.boundary()
-            t0 = time.monotonic()
-            run.rollout(step), run.score(step), run.update(step)
-            took.append(time.monotonic() - t0)
-            last[0] = time.monotonic()
-        if chaos is not None:
-            chaos.stop()
-        return {k: v.detach().clone() for k, v in run.policy.state_dict().items()}, run, took
-    finally:
-        ended.set()
-        run.close()
 
 
 def _actors(title: str) -> list[int]:
@@ -104,33 +76,18 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-class NodeChaos:
+class NodeChaos(Faults):
     """Faults, one at a time, into the cluster's actors and raylets; each recovery is timed from
     the injection to the end of the second step completed after it."""
 
     def __init__(self, rng: random.Random, cluster, marker: Path, full: Path, most: int, kinds=KINDS):
-        self.rng, self.cluster, self.marker, self.full, self.most = rng, cluster, marker, full, most
-        self.kinds = list(kinds)
-        self.counts: dict[str, int] = {}
-        self.recovery: dict[str, list[float]] = {}
-        self.finished, self._done, self.wanted = threading.Event(), threading.Event(), threading.Event()
-        self.last_step = 0
+        super().__init__(rng, marker, most)
+        self.cluster, self.full, self.kinds, self.wanted = cluster, full, list(kinds), threading.Event()
 
     @property
     def starts(self) -> list[float]:
         """The start-up of every replacement actor (the pools' first ones not counted)."""
         return [t for pool in (self.run.rollouts.pool, self.run.scorers.pool) for t in pool.start_s[WORKERS[pool.role]:]]
-
-    def start(self, run, took: list[float]) -> None:
-        self.run, self.took = run, took
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def stop(self) -> None:
-        self._done.set()
-
-    @property
-    def injected(self) -> int:
-        return sum(self.counts.values())
 
     def _loop(self) -> None:
         while self.injected < self.most and not self._done.wait(self.rng.uniform(1.0, 3.0)):
@@ -240,20 +197,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", default=",".join(KINDS), help="the faults to draw from, comma-separated")
     args = parser.parse_args()
-    from hindsight.cpus import set_stage_threads
-    from hindsight.data.demo import build_demo_data
-    from hindsight.models.tiny import build_tiny_model
-
-    set_stage_threads(None)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # a bar for each checkpoint's save, every 5 steps
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        build_demo_data(work / "data", seed=0)
-        init = str(build_tiny_model(work / "init", hidden=32, layers=1, heads=2))
-        (work / "chaos_reward.py").write_text(REWARD)
-        sys.path.insert(0, str(work))
+        init = workspace(work)
         # the raylets, and through them every actor, inherit these: set before the cluster starts
         os.environ.update({"CHAOS_HANG": str(work / "hang"), "CHAOS_STAGE_PID": str(os.getpid()),
                            "HINDSIGHT_FAULT": f"disk_full_while:{work / 'full'}",
