@@ -27,6 +27,9 @@ from multiprocessing.connection import Connection
 
 
 log = logging.getLogger(__name__)
+# how long a fresh worker may take to say it is up (an interpreter and our imports: 0.1 s here, more
+# on a loaded machine) before it counts as silent
+STARTUP_S = 30.0
 
 
 class RewardTimeout(Exception):
@@ -59,7 +62,9 @@ def serve_fd(fd: int, heartbeat_s: float = 1.0) -> None:
     # the parent's key first: a tensor in a reward's result goes back through torch's shared-memory
     # reduction, whose fd handover authenticates with it (spawn's children inherit it)
     current_process().authkey = conn.recv_bytes()
-    _serve(_Locked(conn), heartbeat_s)
+    locked = _Locked(conn)
+    threading.Thread(target=_beat, args=(locked, heartbeat_s), daemon=True).start()  # before any import
+    _serve(locked)
 
 
 class _Locked:
@@ -77,21 +82,21 @@ class _Locked:
 
 
 def _beat(conn: _Locked, every_s: float) -> None:
+    """A beat at once (the worker is up), then every `every_s`."""
     while True:
-        time.sleep(every_s)
         try:
             conn.send(("beat", None))
         except OSError:  # the parent closed its end: the serving loop ends the process
             return
+        time.sleep(every_s)
 
 
-def _serve(conn: _Locked, heartbeat_s: float) -> None:
+def _serve(conn: _Locked) -> None:
     import signal
 
     from hindsight.scoring.reward_fns import load_reward_fn, plain_result
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the stage decides, not the worker
-    threading.Thread(target=_beat, args=(conn, heartbeat_s), daemon=True).start()
 
     while True:
         try:
@@ -123,6 +128,7 @@ class RewardWorker:
         self._conn = None
         self.heartbeat_s, self.silent_after_s = heartbeat_s, silent_after_s
         self.replaced = 0  # workers found silent and replaced
+        self._heard_once = False  # a fresh worker's interpreter start is not a silence
 
     @property
     def pid(self) -> int | None:
@@ -138,14 +144,20 @@ class RewardWorker:
         theirs.close()
         self._conn = Connection(mine.detach())
         self._conn.send_bytes(bytes(current_process().authkey))
+        self._heard_once = False
 
     def call(self, spec: str, kwargs: dict, timeout_s: float) -> list:
         """`fn(**kwargs)` in the worker process, bounded by `timeout_s`; a worker that falls
         silent is replaced and the call made again, once."""
         for attempt in (1, 2):
             self._ensure()
-            while self._conn.poll(0):  # beats sent while no call was waiting: stale
-                self._conn.recv()
+            try:
+                while self._conn.poll(0):  # beats sent while no call was waiting: stale
+                    self._conn.recv()
+                    self._heard_once = True
+            except (EOFError, OSError):  # it died since: a fresh one
+                self.close(kill=True)
+                self._ensure()
             self._conn.send((spec, kwargs))
             try:
                 status, payload = self._answer(spec, timeout_s)
@@ -169,24 +181,25 @@ class RewardWorker:
     def _answer(self, spec: str, timeout_s: float) -> tuple:
         """The worker's answer to the call just sent, skipping its beats; raises `RewardTimeout`
         past `timeout_s` (the worker beating: a slow reward) and `_Silent` with no beat for
-        `silent_after_s` (the worker stopped)."""
+        `silent_after_s` (the worker stopped; a fresh one has `STARTUP_S` to say it is up)."""
         now = time.monotonic()
         deadline, heard = now + timeout_s, now
         while True:
             now = time.monotonic()
+            silent_after = self.silent_after_s if self._heard_once else max(self.silent_after_s, STARTUP_S)
             if now >= deadline:
                 self.close(kill=True)
                 raise RewardTimeout(f"reward {spec} ran past its {timeout_s:g}s timeout")
-            if now >= heard + self.silent_after_s:
+            if now >= heard + silent_after:
                 raise _Silent()
-            if not self._conn.poll(min(deadline, heard + self.silent_after_s) - now):
+            if not self._conn.poll(min(deadline, heard + silent_after) - now):
                 continue
             try:
                 status, payload = self._conn.recv()
             except EOFError:
                 self.close(kill=True)
                 raise RewardCrashed(f"reward {spec} killed its worker process") from None
-            heard = time.monotonic()
+            heard, self._heard_once = time.monotonic(), True
             if status != "beat":
                 return status, payload
 
