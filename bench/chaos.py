@@ -153,7 +153,7 @@ class Chaos(Faults):
 
     def _loop(self) -> None:
         while self.injected < self.most and not self._done.wait(self.rng.uniform(1.0, 3.0)):
-            sampler = self.run.rollouts.sampler
+            sampler = self.run.pool.sampler
             if sampler is None or sampler.proc.poll() is not None or not sampler.liveness.started:
                 continue  # between a death and its replacement: nothing to hit
             kind = self.rng.choice(["kill", "pause", "stop", "hang"])
@@ -182,13 +182,13 @@ class Chaos(Faults):
     def _recovered(self, kind: str, t0: float, hit) -> None:
         """Wait for the hit sampler's replacement (a pause is left alone), then for two steps to
         end (with k = 1 the first may have been sampled before); note the recovery."""
-        while kind != "pause" and self.run.rollouts.sampler is hit and not self._done.is_set():
+        while kind != "pause" and self.run.pool.sampler is hit and not self._done.is_set():
             time.sleep(0.02)
         done = len(self.took)
         while len(self.took) < done + 2 and not self._done.is_set():
             time.sleep(0.02)
         self.recovery.setdefault(kind, []).append(time.monotonic() - t0)
-        now = self.run.rollouts.sampler
+        now = self.run.pool.sampler
         if now is not hit and now is not None:
             self.replacements.append(now)
 

@@ -87,7 +87,7 @@ class NodeChaos(Faults):
     @property
     def starts(self) -> list[float]:
         """The start-up of every replacement actor (the pools' first ones not counted)."""
-        return [t for pool in (self.run.rollouts.pool, self.run.scorers.pool) for t in pool.start_s[WORKERS[pool.role]:]]
+        return [t for pool in (self.run.pool.rollout, self.run.pool.scorer) for t in pool.start_s[WORKERS[pool.role]:]]
 
     def _loop(self) -> None:
         while self.injected < self.most and not self._done.wait(self.rng.uniform(1.0, 3.0)):

@@ -49,7 +49,7 @@ def child(mode: str, steps: int, work: Path) -> dict:
         times.append(time.perf_counter() - t0)
     params = sum(p.numel() for p in run.policy.parameters())
     trainable = trainable_parameters(run.policy)
-    ref = 0 if mode == "lora" else sum(p.numel() for p in run.scorers.ref.parameters())
+    ref = 0 if mode == "lora" else sum(p.numel() for p in run.pool.scoring.ref.parameters())
     state_bytes = 4 * (params + 3 * trainable + ref)  # fp32 weights, + grads and 2 AdamW moments per trainable
     samples = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
     run.close()

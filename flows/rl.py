@@ -21,6 +21,7 @@ from hindsight.state.rundir import RunDir
 from hindsight.state.fingerprint import check_not_finished
 from hindsight.preemption import Preemption
 from hindsight.rollout.engines import get_engine
+from hindsight.rollout.pools import POOLS, pool_name
 from hindsight.progress import StepProgress
 from hindsight.stage import StageContext, StageOutput, StageResult, StageSpec, model_uri
 import tracking
@@ -157,11 +158,7 @@ def _checks(cfg: PipelineConfig) -> None:
         from hindsight.rollout.multiturn.setup import episode_factory
 
         episode_factory(cfg.rl.rollout.multi_turn)
-    w = cfg.rl.workers
-    if w.placement == "ray":
-        from hindsight.coordination.placement import start_ray
-
-        start_ray(w.ray_address, w.needs(cfg.rl.learner.processes))
+    POOLS.lookup(pool_name(cfg.rl)).preflight(cfg)  # the worker pool's own (Ray: the cluster holds the layout)
 
 
 RL = StageSpec(

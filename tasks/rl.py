@@ -66,6 +66,6 @@ def evaluate_task(key: str, step: int) -> tuple[float, list[dict]]:
     """Held-out accuracy after `step` steps, and each greedy answer, kept under rl/evals/ (what
     `hindsight compare --eval` lines up across runs)."""
     run = get_run(key)
-    acc, answers = evaluate_answers(run.cfg, run.policy, run.tok, run.scorers.reward_worker)
+    acc, answers = evaluate_answers(run.cfg, run.policy, run.tok, run.pool.reward_worker)
     atomic_write_json(run.paths.eval_answers(step), {"step": step, "accuracy": acc, "answers": answers})
     return acc, answers

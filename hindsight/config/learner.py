@@ -85,7 +85,8 @@ class LearnerConfig(Strict):
                                         "gradient_accumulation_steps); null: the whole step, one optimizer step")
     micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         None, description="padded tokens (rows x (prompt + completion)) per forward and backward; gradients "
-        "accumulate over a mini-batch's micro-batches. Also bounds the behaviour, reference and critic forwards. "
+        "accumulate over a mini-batch's micro-batches, and bounds the critic's forwards (rl.forward takes it by "
+        "default for the rollout worker's and the scorer's). "
         "null: a mini-batch at once; auto: fitted at the start from probe forwards and backwards against "
         "memory_cap_mb (hindsight.learning.fit), fitted again when rows grow wider, kept in the checkpoint")
     memory_cap_mb: float | None = Field(None, gt=0, description="what micro_batch_tokens: auto fits under, per learner "
@@ -94,7 +95,7 @@ class LearnerConfig(Strict):
     packing: Literal["off", "on", "auto"] = Field("off", description="padding-free micro-batches: a micro-batch's "
                                                   "rows end to end in sequences no wider than its widest row, "
                                                   "positions restarting per row (hindsight.maths.packing), in the update "
-                                                  "and the behaviour, reference and critic forwards; auto packs "
+                                                  "and the critic's forwards (rl.forward takes it by default); auto packs "
                                                   "where it cuts the tokens a forward runs on by 15 %")
     max_grad_norm: float = Field(1.0, gt=0)
     entropy_coef: float = Field(0.0, ge=0, description="the entropy bonus: minus this times the mini-batch's mean "

@@ -2,7 +2,7 @@
 sampling, replay, alerts, and each registered algorithm's own block (`rl.<name>`)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import InitErrorDetails
@@ -18,6 +18,7 @@ from hindsight.learning.losses import get_loss
 from hindsight.learning.strategies.catalogue import get_strategy
 from hindsight.lookback.alerts import RULES
 from hindsight.rollout.engines import ENGINES, get_engine
+from hindsight.rollout.pools import POOLS, refusals
 
 
 class RolloutConfig(Strict):
@@ -127,13 +128,19 @@ class WorkersConfig(Strict):
                                                                "7B model, and a loaded 2-core machine took over "
                                                                "60 s for a tiny one) is dropped (a line in the "
                                                                "log); the run keeps the workers it has")
-    placement: Literal["local", "ray"] = Field(
-        "local", description="local: the workers run in the stage's process; ray: each is a Ray actor")
+    placement: str = Field(
+        "local", description="a registered worker pool: local, the workers run in the stage's process (with "
+                             "async.max_staleness >= 1, one sampler process beside it); ray, each is a Ray actor")
     resources: dict[Literal["rollout", "scorer", "learner"], RoleResources] = Field(
         default_factory=dict, description="what each Ray actor of a role reserves; default 0.5 CPU, no GPU (2 "
                                           "rollout workers and a scorer fit a 2-core laptop)")
     ray_address: str | None = Field(None, description="join this Ray cluster (else $RAY_ADDRESS, else an "
                                                       "embedded local one)")
+
+    @field_validator("placement")
+    @classmethod
+    def _registered_pool(cls, name: str) -> str:
+        return POOLS.check(name)  # ValueError naming the registered pools
 
     def of(self, role: str) -> RoleResources:
         return self.resources.get(role) or RoleResources()
@@ -193,6 +200,18 @@ def default_alerts() -> list[AlertRule]:
             AlertRule(rule="reward_hacking", threshold=0.05)]
 
 
+class ForwardConfig(Strict):
+    """The forwards outside the learner's step, which no backward follows: the rollout worker's
+    behaviour log-probs and the scorer's reference log-probs and reward-model scores."""
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["learner"] | None = Field(
+        "learner", description="padded tokens per forward of the rollout worker and the scorer; null: a batch at "
+        "once; learner: rl.learner.micro_batch_tokens (with auto, the budget it fitted), which a forward without a "
+        "backward always fits")
+    packing: Literal["off", "on", "auto", "learner"] = Field(
+        "learner", description="padding-free forwards for the rollout worker and the scorer (see "
+                               "rl.learner.packing); learner: rl.learner.packing")
+
+
 class RLConfig(Strict):
     """The RL stage. Each registered algorithm's settings sit under `rl.<its name>` (for example
     `rl.ppo.lam`), validated by the algorithm's own model (`hindsight.learning.algorithms`)."""
@@ -212,6 +231,7 @@ class RLConfig(Strict):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    forward: ForwardConfig = Field(default_factory=ForwardConfig)
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     eval_every: int = Field(10, ge=1)
     save_every: int = Field(10, ge=1, description="checkpoint weights, optimizer and RNG every N steps (and at the end)")
@@ -246,14 +266,8 @@ class RLConfig(Strict):
     def _consistent(self):
         if not self.scoring.rewards and self.scoring.reward_model_weight == 0:
             raise ValueError("rl.scoring needs at least one reward function or reward_model_weight > 0")
-        if self.async_.max_staleness:
-            # a further dynamic-sampling round needs the step's scores before sampling again, and
-            # the Ray pool and the accelerate relaunch have their own samplers: not built for k >= 1
-            for bad, why in ((self.dynamic_sampling.enabled, "dynamic_sampling.enabled"),
-                             (self.workers.placement == "ray", "workers.placement: ray"),
-                             (self.workers.rollout > 1, "workers.rollout > 1")):
-                if bad:
-                    raise ValueError(f"async.max_staleness >= 1 runs one sampler process; it does not combine with {why}")
+        for refused in refusals(self):  # what the worker pool cannot do (its capabilities)
+            raise ValueError(refused)
         errors = loss_combination_errors(get_algorithm(self.algorithm), self.learner)
         if errors:
             raise ValueError(errors[0])
@@ -261,16 +275,16 @@ class RLConfig(Strict):
         if mini and mini % self.samples_per_prompt:
             raise ValueError(f"learner.mini_batch_size {mini} must hold whole groups: a multiple of "
                              f"samples_per_prompt {self.samples_per_prompt}")
-        if self.learner.processes > 1 and self.workers.placement != "ray":
-            raise ValueError("learner.processes > 1 runs its other ranks as Ray actors: set rl.workers.placement: ray")
-        if self.lora.enabled and (self.async_.max_staleness or self.workers.placement == "ray"):
-            # the sampler process and the Ray actors load plain weights: LoRA there is not built
-            raise ValueError("lora.enabled trains the adapter in the stage's process: it does not combine with "
-                             "async.max_staleness >= 1 or workers.placement: ray yet")
         if self.lora.enabled and not get_strategy(self.learner.strategy).trains_adapters:
             raise ValueError(f"lora.enabled trains a replicated adapter: learner.strategy: {self.learner.strategy} "
                              f"does not shard one yet (use ddp, or train the full model under {self.learner.strategy})")
         return self
+
+    def forward_budget(self) -> tuple[int | None, str]:
+        """(micro_batch_tokens, packing) of the rollout worker's and the scorer's forwards."""
+        f, learner = self.forward, self.learner
+        return (learner.micro_batch_tokens if f.micro_batch_tokens == "learner" else f.micro_batch_tokens,
+                learner.packing if f.packing == "learner" else f.packing)
 
     def algorithm_settings(self):
         """The chosen algorithm's block (`rl.<algorithm>`), with its defaults when absent."""

@@ -24,7 +24,9 @@ from hindsight.fsutil import append_line, atomic_write_json, read_json
 from hindsight.state.ledger import Ledger
 from hindsight.state.rundir import RLDir
 from hindsight.coordination.roles import deal
-from hindsight.rollout.worker import GroupTask, RolloutWorker, batch_of, with_batch_mates
+from hindsight.coordination.pools.base import leases
+from hindsight.rollout.tasks import GroupTask
+from hindsight.rollout.worker import RolloutWorker
 from hindsight.scoring.rewards import add_failures
 from hindsight.scoring.scorer import Scorer, score_batch
 from hindsight.transport.delta import Publication
@@ -104,14 +106,14 @@ class _Pool:
     """Actors of one role: started, replaced when one dies, every death recorded."""
     role = "worker"
 
-    def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple):
+    def __init__(self, actor_cls, n: int, workers, rl_dir: Path, args: tuple, ledger: Ledger | None = None):
         self.ray = start_ray(workers.ray_address)  # the stage's preflight checked the cluster's size
         res = workers.of(self.role)
         self.actor_cls = self.ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_restarts=0,
                                          runtime_env={"env_vars": actor_env(workers)})(actor_cls)
         self.paths, self.workers, self.args = RLDir(rl_dir), workers, args
         self.placement_s, self.each = workers.placement_timeout_s, res
-        self.ledger = Ledger(rl_dir)
+        self.ledger = ledger or Ledger(rl_dir)
         self.actors, self.hosts, self.spawned, self.deaths, self.reassigned = {}, {}, 0, 0, 0
         self.start_s: list[float] = []  # each actor's start-up, in order
         for _ in range(n):
@@ -193,10 +195,10 @@ class RayRolloutPool(_Pool):
     role = "rollout"
 
     def __init__(self, n: int, rl, policy_path: str, dtype: str, seed: int, rl_dir: Path, init_path: str,
-                 version: int):
+                 version: int, ledger: Ledger | None = None):
         self.version, self.rl, self.sender, self.step = version, rl, None, 0
         super().__init__(RolloutActor, n, rl.workers, rl_dir, (policy_path, dtype, rl, seed, str(rl_dir), init_path,
-                                                              version))
+                                                              version), ledger)
         self.sender = RaySender(self.ray, self.actors, Publication(getattr(torch, dtype), rl.rollout.publish_full_every),
                                 deadline_s=rl.workers.lease_ttl_s)
 
@@ -255,18 +257,14 @@ class RayRolloutPool(_Pool):
                                                f"{self.rl.workers.lease_ttl_s:g} s", [], [])
         return sent
 
-    def dispatch(self, step: int, tasks: list[GroupTask], store) -> dict:
-        """Lease every task's group until all are sealed; returns the role's worker metrics."""
-        todo, k, self.step = list(tasks), self.rl.rollout.groups_per_batch, step
-        while todo:
-            calls, widest = {}, 0
-            todo = with_batch_mates(todo, tasks, k)  # a reassigned group is sampled in its own batch again
-            for actor_id, share in zip(list(self.actors), deal(todo, len(self.actors), partial(batch_of, groups_per_batch=k))):
-                mine = [t.group for t in share if t.write]
-                if mine:
-                    widest = max(widest, len(share))
-                    self.ledger.move(step, mine, "leased", worker=actor_id, ttl_s=self.deadline_s(len(share)))
-                    calls[self.actors[actor_id].generate.remote(share, self.version)] = actor_id
+    def dispatch(self, step: int, todo: list[GroupTask], tasks: list[GroupTask], version: int, store) -> None:
+        """Lease every group of `todo` (among the round's `tasks`) until all are sealed."""
+        todo, self.step = list(tasks), step
+        while todo:  # a reassigned group is sampled in its own batch again
+            shares = dict(leases(self.ledger, step, todo, tasks, list(self.actors), self.rl.rollout.groups_per_batch,
+                                 self.deadline_s))
+            calls = {self.actors[actor_id].generate.remote(share, version): actor_id for actor_id, share in shares.items()}
+            widest = max((len(share) for share in shares.values()), default=0)
             for actor_id, sealed, why in self._run(calls, self.deadline_s(widest)):
                 if why is None:
                     self.ledger.move(step, sealed, "sealed")
@@ -277,7 +275,6 @@ class RayRolloutPool(_Pool):
                     self.ledger.move(step, written, "sealed")
                 self._replace(step, actor_id, why, written, self.ledger.take_back(step, actor_id))
             todo = [t for t in tasks if t.group in self.ledger.in_state(step, "pending")]
-        return self.metrics()
 
 
 class RayScorerPool(_Pool):

@@ -1,7 +1,8 @@
 """The RL run: the coordinator that holds the stage's roles and calls them, step by step.
 
-An `RLRun` holds, as fields, the learner (`learning.learner.Learner`), the rollout role
-(`Rollouts`), the scoring role (`Scorers`), the prompt source, and the run's state (the rollout
+An `RLRun` holds, as fields, the learner (`learning.learner.Learner`), the worker pool where
+rollout workers and scorers run (`coordination.pools`), the rollout role (`Rollouts`: when a
+step is sampled), the scoring role (`Scorers`), the prompt source, and the run's state (the rollout
 store, the ledger, the checkpoints, the metric history). The Prefect tasks only pass step
 numbers between its three steps, rollout -> score -> update. Every step reads its input from the
 rollout store, so any step can be rerun, and a resumed run trains on shards that were generated
@@ -19,6 +20,7 @@ from hindsight.coordination.replay import signal_groups
 from hindsight.coordination.resume import lr_multiplier, prepare_resume
 from hindsight.coordination.learner_group import start_learner_group
 from hindsight.coordination.learner_recovery import rebuild_learner
+from hindsight.coordination.pools import PoolContext, build_pool
 from hindsight.coordination.rollouts import Rollouts
 from hindsight.coordination.scorers import Scorers
 from hindsight.coordination.watchdog import Watchdog
@@ -90,7 +92,7 @@ class RLRun:
         truncate_rows_after(self.paths.alerts, self.start_step)  # and their alerts fire again
         self.monitor = AlertMonitor(self.rl.alerts, self.history.read())
         self.watchdog = Watchdog(self.paths.stalls, self.rl.workers, self._children)  # no phase wedges the run
-        self.rollouts.on_progress = self.watchdog.progress  # a replaced sampler is progress, not a stall
+        self.pool.on_progress = self.watchdog.progress  # a replaced sampler is progress, not a stall
         self.updating = False  # a step's update or follow-up has begun: a failure now is not retried in place
         self.next_step = self.start_step  # the first step not yet trained and recorded: a retry continues there
         if start:  # last, so that nothing built above draws from the restored generators
@@ -127,15 +129,16 @@ class RLRun:
         self.ledger = Ledger(self.dir)
         self.ledger.roll_back_after(self.start_step)  # groups trained into weights that were not kept
         self.prompts = PromptSource(self.rl, cfg.seed, rows, self.store)
-        self.rollouts = Rollouts(cfg, self.learner.serving, self.learner.policy_path, init_path, self.tok, self.store,
-                                 self.ledger, self.prompts, version=self.start_step)
-        self.scorers = Scorers(cfg, init_path, rm_path, self.learner.serving, pad_id, self.store, self.dir)
+        self.pool = build_pool(PoolContext(cfg, self.learner.serving, self.learner.policy_path, init_path, self.tok,
+                                           self.store, self.ledger, self.start_step, rm_path, pad_id))
+        self.scorers = Scorers(self.rl, self.pool)
         self.decoding = decoding_record(self.tok, self.learner.serving, cfg.eval, self.rl.rollout)
         atomic_write_json(self.paths.decoding, self.decoding)
-        self.rollouts.start(self.scorers, rm_path)  # rl.async.max_staleness >= 1: sampling overlaps learning
+        # sampling ahead (rl.async.max_staleness >= 1), the first steps are asked for now
+        self.rollouts = Rollouts(self.rl, self.pool, self.scorers, self.store, self.prompts, version=self.start_step)
 
     def _close_started(self) -> None:
-        for role in ("rollouts", "scorers", "learner"):
+        for role in ("pool", "learner"):
             if hasattr(self, role):
                 try:
                     getattr(self, role).close()
@@ -149,8 +152,7 @@ class RLRun:
 
     def _children(self) -> list[tuple]:
         """The role processes a stall report asks for their stacks."""
-        sampler = self.rollouts.sampler
-        return [("async sampler", sampler.proc.pid, sampler.log_path)] if sampler and sampler.proc.poll() is None else []
+        return self.pool.children()
 
     # --- rollout ------------------------------------------------------------------------
     def rollout(self, step: int) -> tuple[Path, dict]:
@@ -320,6 +322,5 @@ class RLRun:
 
     def close(self) -> None:
         self.watchdog.close()
-        self.rollouts.close()
-        self.scorers.close()
+        self.pool.close()
         self.learner.close()

@@ -38,7 +38,7 @@ import torch
 
 from hindsight.coordination.liveness import Liveness, RoleStalled, stall_report, tokens_per_sample, work_deadline_s
 from hindsight.errors import StageError
-from hindsight.rollout.worker import GroupTask
+from hindsight.rollout.tasks import GroupTask
 from hindsight.transport.delta import Publication
 from hindsight.transport.pipe import PipeSender, recv, send
 

@@ -305,7 +305,7 @@ def checkpointing(model) -> bool:
 def budgeted_logprobs(model, exp: Experience, temperature: float, budget: int | None,
                       packing: str = "off") -> torch.Tensor:
     """(B, T) `group_token_logprobs` of a batch without a graph, a micro-batch of at most
-    `budget` padded tokens at a time (the behaviour and reference forwards of `rl.learner.micro_batch_tokens`)."""
+    `budget` padded tokens at a time (the behaviour and reference forwards of `rl.forward.micro_batch_tokens`)."""
     out = torch.zeros(exp.completion_mask.shape, dtype=torch.float32)                          # (B, T)
     for rows in micro_batches(*lengths(exp), exp.group_size, budget):
         part = trimmed(exp, rows)

@@ -62,7 +62,7 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     greedy (evaluation). Rows come out in groups, prompts left-padded and completions
     right-padded, as `generate` returns them. A row ends at any of the model's end tokens
     (`decoding.end_token_ids`). The behaviour log-probs' forward runs `budget` padded tokens at a
-    time (rl.learner.micro_batch_tokens)."""
+    time (rl.forward.micro_batch_tokens)."""
     dev = model_device(model)
     seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)

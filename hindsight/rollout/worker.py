@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
 
 
 from hindsight.data.chat import is_conversation, prompt_text
@@ -19,37 +18,12 @@ from hindsight.maths.experience import Experience
 from hindsight.faults import crash_point
 from hindsight.maths.logprobs import budgeted_logprobs
 from hindsight.rollout.seeds import group_seed
+from hindsight.rollout.tasks import GroupTask, batch_of
 from hindsight.rollout.decoding import end_token_ids
 from hindsight.rollout.engines import EngineContext, get_engine
 from hindsight.state.store import RolloutStore
 from hindsight.transport.base import Ack, receive_into
 from hindsight.transport.payload import WeightVersion
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupTask:
-    step: int
-    group: int
-    round: int
-    prompt: dict     # the data row, with its "id" (and "_replayed" for a hard example)
-    write: bool = True  # False: sampled only as the batch-mate of a group that is (its part exists)
-
-
-def batch_of(task: GroupTask, groups_per_batch: int) -> tuple[int, int]:
-    """The sampling batch a group belongs to: fixed by its index, never by who samples it."""
-    return task.round, task.group // groups_per_batch
-
-
-def with_batch_mates(todo: list[GroupTask], tasks: list[GroupTask], groups_per_batch: int) -> list[GroupTask]:
-    """`todo`, plus the already-written groups that share a sampling batch with one of them, marked
-    not to be written: they are sampled again so the batch, and so every bit of the groups that
-    are written, is what it was in an uninterrupted run."""
-    if groups_per_batch == 1:
-        return todo
-    wanted = {batch_of(t, groups_per_batch) for t in todo}
-    pending = {t.group for t in todo}
-    return [t if t.group in pending else replace(t, write=False)
-            for t in tasks if batch_of(t, groups_per_batch) in wanted]
 
 
 _POINT = {"rollouts": "rollout", "scores": "score"}  # the fault hook's names
@@ -153,7 +127,7 @@ class RolloutWorker:
             self.engine = self.engine_cls(EngineContext(
                 policy=self.policy, tok=self.tok, rollout=r, settings=r.engine_settings(), seed=self.seed,
                 init_path=self.init_path, bucket_mb=self.rl.learner.publish_bucket_mb,
-                budget=self.rl.learner.micro_batch_tokens, stop_ids=end_token_ids(self.tok, self.policy)))
+                budget=self.rl.forward_budget()[0], stop_ids=end_token_ids(self.tok, self.policy)))
             self.engine_stale = True
         if self.engine_stale:  # the policy moved since the engine last saw it
             self.engine.load_weights(self.policy)
@@ -173,7 +147,7 @@ class RolloutWorker:
         trajs, _ = run_trajectories(self.policy, self.tok, rows, seeds, size, turn_settings(self.rl.rollout),
                                     self.episodes, engine.continue_turns)
         exp = to_experience(self.policy, trajs, size, self.tok.pad_token_id, self.rl.rollout.temperature,
-                            self.rl.learner.micro_batch_tokens)
+                            self.rl.forward_budget()[0])
         exp.meta["trajectories"] = trajs
         return exp
 
@@ -214,7 +188,6 @@ class RolloutWorker:
         TRL does): an engine's own differ by dtype and kernels, and with top_p < 1 vLLM's are
         renormalised over the nucleus. The engine's are kept for the optional IS weight."""
         self.policy.eval()
-        logp = budgeted_logprobs(self.policy, exp, self.rl.rollout.temperature,
-                                 self.rl.learner.micro_batch_tokens, self.rl.learner.packing)         # (B, T)
+        logp = budgeted_logprobs(self.policy, exp, self.rl.rollout.temperature, *self.rl.forward_budget())  # (B, T)
         exp.engine_logprobs, exp.logprobs = exp.logprobs, logp * exp.completion_mask
         return exp

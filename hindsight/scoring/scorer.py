@@ -100,10 +100,10 @@ class Scorer:
         if self.ref is None and self.rm is None:
             return None, None
         exp = experience_from_rows(rows, self.pad_id, self.rl.samples_per_prompt)
-        budget = self.rl.learner.micro_batch_tokens
-        ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget, self.rl.learner.packing) \
+        budget, packing = self.rl.forward_budget()  # rl.forward: the worker's and the scorer's own
+        ref = budgeted_logprobs(self.ref, exp, self.rl.rollout.temperature, budget, packing) \
             if self.ref is not None else None
-        rm = budgeted_scores(self.rm, exp, budget, self.rl.learner.packing).tolist() if self.rm is not None else None
+        rm = budgeted_scores(self.rm, exp, budget, packing).tolist() if self.rm is not None else None
         return ref, rm
 
     def close(self) -> None:

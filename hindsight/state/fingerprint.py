@@ -7,7 +7,8 @@
                reward model, the KL settings)
     training   how the learner turns them into weights: the whole `rl.learner` block (lr,
                clipping, loss aggregation, batching, the learner group), the algorithm's own
-               block and the importance correction
+               block and the importance correction, and `rl.forward` (the worker's and the
+               scorer's forward budgets)
 
 A resume refuses a sampling or algorithm change (the stored rollouts would be trained as if
 they fit), re-scores the stored rollouts after a scoring change (the look-back the project is
@@ -44,7 +45,8 @@ def run_fingerprint(cfg, init_path: str, rm_path: str | None, reward_hash, engin
                     "reward_model_weight": rl.scoring.reward_model_weight, "reward_fallback": rl.scoring.fallback,
                     "kl": dumped["kl"]},
         # the loss's block is in the learner's dump, under the loss's name (grpo is a loss and an algorithm)
-        "training": {**dumped["learner"], f"algorithm.{rl.algorithm}": dumped.get(rl.algorithm)},
+        "training": {**dumped["learner"], f"algorithm.{rl.algorithm}": dumped.get(rl.algorithm),
+                     "forward": dumped["forward"]},
     }
 
 

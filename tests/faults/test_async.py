@@ -44,7 +44,7 @@ def test_every_sample_is_exactly_k_versions_behind(tiny_init, tmp_path, k):
             assert [e.trained for e in run.ledger.read(step).values()] == [1] * 4
     finally:
         run.close()
-    assert run.rollouts.sampler.proc.poll() is not None  # closed with the run
+    assert run.pool.sampler.proc.poll() is not None  # closed with the run
 
 
 def test_a_correction_in_an_async_run_weighs_the_staleness(tiny_init, tmp_path):

@@ -80,7 +80,7 @@ def test_a_stopped_sampler_is_replaced_and_the_run_ends_as_an_uninterrupted_one(
         def then_stop(policy):
             sent = publish(policy)
             if run.rollouts.version == 1:
-                os.kill(run.rollouts.sampler.proc.pid, signal.SIGSTOP)
+                os.kill(run.pool.sampler.proc.pid, signal.SIGSTOP)
             return sent
         run.rollouts.publish = then_stop
 
@@ -119,14 +119,14 @@ def test_a_dead_sampler_is_replaced_and_past_the_limit_fails_naming_its_log(tiny
 
     work, init = tiny_init
     weights, run, _ = _train(work, init, tmp_path / "run",
-                             before_step=lambda run, step: step == 1 and run.rollouts.sampler.proc.kill())
+                             before_step=lambda run, step: step == 1 and run.pool.sampler.proc.kill())
     _same_run(clean, weights, run)
-    assert run.rollouts.replaced == 1
+    assert run.pool.replaced == 1
     with pytest.raises(StageError, match=r"the process died \(exit -9\) before finishing step 0 \(its log: "
                                          r".*sampler.log\), and 0 replacements were made already "
                                          r"\(rl.workers.replacements 0\); rerun to resume"):
         _train(work, init, tmp_path / "limit", replacements=0,
-               before_step=lambda run, step: step == 0 and run.rollouts.sampler.proc.kill())
+               before_step=lambda run, step: step == 0 and run.pool.sampler.proc.kill())
 
 
 @pytest.fixture(scope="module")
@@ -164,14 +164,14 @@ def test_a_stopped_reward_worker_is_replaced_and_the_run_ends_as_a_clean_one(tin
 
     def stop(run, step):
         if step == 2:
-            stopped.append(run.scorers.reward_worker.pid)
+            stopped.append(run.pool.scoring.reward_worker.pid)
             os.kill(stopped[0], signal.SIGSTOP)
 
     t0 = time.monotonic()
     weights, run, _ = _train(work, init, tmp_path / "run", k=0, isolation="process", before_step=stop)
     took = time.monotonic() - t0
     _same_run(clean_sync, weights, run)
-    assert run.scorers.reward_worker.replaced == 1 and run.scorers.reward_worker.pid != stopped[0]
+    assert run.pool.scoring.reward_worker.replaced == 1 and run.pool.scoring.reward_worker.pid != stopped[0]
     assert not any(v for m in run.score_metrics for k, v in m.items() if k.startswith("reward/failures/")), \
         run.score_metrics  # no score fell back
     assert [m["workers/reward_worker_replaced"] for m in run.score_metrics] == [0.0, 0.0, 1.0, 1.0]

@@ -58,7 +58,7 @@ def _cfg(work, run_dir, **workers) -> dict:
 def _remove_when_paused(cluster, run, marker, removed: list) -> None:
     """Wait for the paused worker's pid, then remove the node its actor lives on."""
     pid = str(paused_pid(marker))
-    host = next(h for h in run.rollouts.pool.hosts.values() if h.split(":")[1] == pid)
+    host = next(h for h in run.pool.rollout.hosts.values() if h.split(":")[1] == pid)
     node = next(n for n in cluster.worker_nodes if n.node_id == host.split(":")[2])
     cluster.remove_node(node, allow_graceful=False)
     removed.append(host)

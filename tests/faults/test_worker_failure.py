@@ -156,7 +156,7 @@ def test_a_worker_stopped_between_steps_is_replaced_when_it_takes_no_weights(ini
 
     def stop(run, step):
         if step == 0:
-            stopped.append(int(run.rollouts.pool.hosts["rollout-0"].split(":")[1]))
+            stopped.append(int(run.pool.rollout.hosts["rollout-0"].split(":")[1]))
             os.kill(stopped[0], signal.SIGSTOP)
 
     run, metrics = _run(*init, tmp_path / "stopped", placement="ray", rollout=2, scorer=1, lease_ttl_s=4.0,

@@ -52,7 +52,7 @@ def _run(work, init, run_dir, algorithm, workers, processes=1, **learner):
             run.first_grads = [opt.state[p]["exp_avg"].clone() / 0.1 for g in opt.param_groups for p in g["params"]]
         if run.learner.group is not None:
             pids.append(run.learner.group.ray.get([p.pid.remote() for p in run.learner.group.peers]))
-            spawned.append((run.rollouts.pool.spawned, run.scorers.pool.spawned))
+            spawned.append((run.pool.rollout.spawned, run.pool.scorer.spawned))
     return run, pids, spawned
 
 

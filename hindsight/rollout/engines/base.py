@@ -31,7 +31,7 @@ class EngineSettings(BaseModel):
 class EngineContext:
     """What an engine is built from: the worker's policy and tokenizer, the rollout section and
     its own settings block, the run's seed, the folder the policy started from, and the
-    token budget of a forward (`rl.learner.micro_batch_tokens`)."""
+    token budget of a forward (`rl.forward.micro_batch_tokens`)."""
     policy: object
     tok: object
     rollout: object

@@ -22,11 +22,11 @@ def test_lora_rl_trains_only_the_adapter_checkpoints_and_resumes(tmp_path):
     ids = torch.tensor([[1, 5, 9, 13, 7]])
     cfg = rl_cfg(tmp_path, steps=4, save_every=2, lr=1e-2, lora=LORA, kl={"coef": 0.05})
     run = RLRun(cfg, init, None)
-    assert isinstance(run.scorers.ref, AdapterDisabled)
+    assert isinstance(run.pool.scoring.ref, AdapterDisabled)
     assert 0 < trainable_parameters(run.policy) < sum(p.numel() for p in base.parameters()) / 5
     for step in (0, 1):
         run.rollout(step), run.score(step), run.update(step)
-    torch.testing.assert_close(_logits(run.scorers.ref, ids), _logits(base, ids))  # the reference is the base
+    torch.testing.assert_close(_logits(run.pool.scoring.ref, ids), _logits(base, ids))  # the reference is the base
     assert not torch.allclose(_logits(run.policy, ids), _logits(base, ids))  # the adapter learned something
     frozen = {n.replace("base_model.model.", "").replace(".base_layer", ""): p for n, p in run.policy.named_parameters()
               if "lora_" not in n}

@@ -75,7 +75,7 @@ def test_the_config_refuses_what_is_not_built(tmp_path):
     with pytest.raises(ValueError, match="learner.strategy: fsdp2 does not shard one yet"):
         PipelineConfig.model_validate({"run_dir": str(tmp_path / "r"),
                                        "rl": {"learner": {"strategy": "fsdp2"}, "lora": {"enabled": True}}})
-    with pytest.raises(ValueError, match="learner.processes > 1 runs its other ranks as Ray actors"):
+    with pytest.raises(ValueError, match="combine with learner.processes > 1 .its other ranks run as Ray actors"):
         PipelineConfig.model_validate(_rl(tmp_path, processes=2, strategy="fsdp2"))
     with pytest.raises(ValueError, match="unknown learner strategy 'zero3'; registered: ddp, fsdp2"):
         PipelineConfig.model_validate(_rl(tmp_path, strategy="zero3"))
