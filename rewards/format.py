@@ -21,3 +21,15 @@ def think_answer_format(completions, **_) -> list[float]:
 def number_only(completions, **_) -> list[float]:
     """The demo's format: the completion is just a number."""
     return regex_reward(completions, r"^\s*-?\d+\s*$")
+
+
+def step_keywords(completions, keyword: str = "therefore", **_) -> list[float]:
+    """The share of a completion's non-empty lines that carry `keyword` (any case): a step-format
+    reward, and the design's example of one a policy games by repeating the keyword without
+    reasoning. Pair it with a judge (`rewards.judge:judge`, as a second reward or with this as
+    its `gate`), which reads whether the lines reason."""
+    out = []
+    for c in completions:
+        steps = [line for line in completion_text(c).splitlines() if line.strip()]
+        out.append(sum(keyword.lower() in line.lower() for line in steps) / len(steps) if steps else 0.0)
+    return out

@@ -183,10 +183,12 @@ def build_tiny_qwen2_tools(out_dir: str | Path) -> Path:
 TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2, "qwen2-tools": build_tiny_qwen2_tools}  # tiny://NAME
 
 
-def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int = 150, seed: int = 0) -> Path:
+def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int = 150, seed: int = 0,
+                     examples=None) -> Path:
     """A tiny Qwen2 judge for tests and the judge benchmark: trained in code (seconds) to answer
     every chat prompt with `answer` and end its turn, so that it can be served (`transformers
-    serve`) and parsed like a real judge model."""
+    serve`) and parsed like a real judge model. `examples(rng) -> (prompt, answer)` gives it
+    prompts and answers of its own instead (a judge taught to tell two kinds apart)."""
     import torch  # here, not at import: resolving tiny://NAME to a built folder needs no torch
 
     import random
@@ -199,18 +201,21 @@ def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int =
     base = build_tiny_qwen2(out_dir.with_name(out_dir.name + ".base"), seed=seed)
     tok, model = AutoTokenizer.from_pretrained(base), Qwen2ForCausalLM.from_pretrained(base)
     rng, opt = random.Random(seed), torch.optim.AdamW(model.parameters(), lr=3e-3)
-    target = tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    if examples is None:
+        def examples(r):
+            return " ".join(r.choice(NAMES + ITEMS) for _ in range(r.randrange(3, 40))), answer
     torch.manual_seed(seed)
     for _ in range(steps):
         rows = []
         for _ in range(16):
-            words = " ".join(rng.choice(NAMES + ITEMS) for _ in range(rng.randrange(3, 40)))
+            words, said = examples(rng)
+            target = tok(said + "<|im_end|>", add_special_tokens=False)["input_ids"]
             prompt = tok.apply_chat_template([{"role": "user", "content": words}], add_generation_prompt=True,
                                              return_dict=False)
             rows.append((prompt, prompt + target))
         width = max(len(full) for _, full in rows)
         ids = torch.tensor([full + [tok.pad_token_id] * (width - len(full)) for _, full in rows])      # (16, L)
-        labels = torch.tensor([[-100] * len(p) + target + [-100] * (width - len(f)) for p, f in rows])  # (16, L)
+        labels = torch.tensor([[-100] * len(p) + f[len(p):] + [-100] * (width - len(f)) for p, f in rows])  # (16, L)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()

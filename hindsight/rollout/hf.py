@@ -22,6 +22,7 @@ count (one sampler process, as async RL has).
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from hindsight.data.chat import prompt_text
 from hindsight.maths.experience import Experience, pad_left
@@ -82,20 +83,68 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     return Experience(prompt_ids, prompt_mask, completion_ids, cmask, logp.cpu() * cmask, group_size)
 
 
+class _Preallocated(DynamicLayer):
+    """A KV-cache layer's keys and values in buffers sized for the whole decode: a new position
+    is written in place and the layer hands back views of the filled part, where
+    `DynamicLayer.update` concatenates and so copies the layer's whole cache every step (a sixth
+    of a SmolLM2 decode's time on this CPU, `bench/decode_bound.py`)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+        super().__init__()
+        self.is_initialized = True
+        b, h, n, _ = keys.shape
+        self.device = keys.device
+        self._k = keys.new_empty((b, h, capacity, keys.shape[-1]))                 # (B, H, N_max, D)
+        self._v = values.new_empty((b, h, capacity, values.shape[-1]))             # (B, H, N_max, D)
+        self._k[:, :, :n], self._v[:, :, :n] = keys, values
+        self.keys, self.values, self.n = self._k[:, :, :n], self._v[:, :, :n], n   # the filled part, as views
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        m = key_states.shape[-2]
+        self._k[:, :, self.n:self.n + m], self._v[:, :, self.n:self.n + m] = key_states, value_states
+        self.n += m
+        self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a preallocated decode cache is not cropped")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("a preallocated decode cache is made after the prompts are repeated")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("a preallocated decode cache keeps every row")
+
+
+def preallocate(cache, new_positions: int) -> None:
+    """Give each of a cache's full-attention layers room for `new_positions` more positions (a
+    sliding-window or other layer is left as it is)."""
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.get_seq_length() > 0:
+            cache.layers[i] = _Preallocated(layer.keys, layer.values, layer.get_seq_length() + new_positions)
+
+
 @torch.no_grad()
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, gens: list[torch.Generator], group_size: int,
-           max_new_tokens: int, temperature: float, top_p: float, stop_ids, pad_id: int, with_logprobs: bool = False):
+           max_new_tokens: int, temperature: float, top_p: float, stop_ids, pad_id: int, with_logprobs: bool = False,
+           preallocated: bool = True):
     """Decode `group_size` rows from each left-padded context of `ids` (P, L), context i's rows
     drawing from gens[i] (so a row's tokens never depend on its batch-mates), until every row
     has ended at one of `stop_ids` or `max_new_tokens`. Returns (completion ids (B, T') padded
     with `pad_id` after a row's end, completion mask (B, T'), the decoding log-probs (B, T') or
-    None), B = P x group_size. A multi-turn rollout calls it once a turn with its histories."""
+    None), B = P x group_size. A multi-turn rollout calls it once a turn with its histories.
+    `preallocated`: the KV cache grows in place (`_Preallocated`), not by concatenation."""
     dev = model_device(model)
     stops = torch.tensor(list(stop_ids), device=dev)                               # (E,)
     out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=position_ids(mask).to(dev),
                 use_cache=True)
     cache = output_cache(out)
     cache.batch_repeat_interleave(group_size)                                       # (P*G, ...) per layer
+    if preallocated:
+        preallocate(cache, max_new_tokens)
     logits = out.logits[:, -1].repeat_interleave(group_size, 0)                     # (B, V), B = P*G
     attn = mask.repeat_interleave(group_size, 0).to(dev)                            # (B, L)
     pos = (attn.sum(-1, keepdim=True) - 1)                                          # (B, 1) last prompt position

@@ -45,7 +45,12 @@ class SubprocessPool(WorkerPool):
         self._kept: dict[int, dict] = {}
         self._flight: dict[int, tuple] = {}  # step -> (tasks, version): asked of the sampler, not collected
         self._keep(ctx.version, ctx.policy)
-        self.sampler = self._new_sampler(ctx.version)
+        try:
+            self.sampler = self._new_sampler(ctx.version)
+        except BaseException:  # not built: the run cannot close it, so what it changed is undone here
+            self._restore_threads()
+            self.scoring.close()
+            raise
 
     def _new_sampler(self, version: int):
         from hindsight.coordination.sampler import AsyncSampler
@@ -122,12 +127,15 @@ class SubprocessPool(WorkerPool):
         return [("async sampler", self.sampler.proc.pid, self.sampler.log_path)] if alive else []
 
     def close(self) -> None:
+        self.sampler.close()
+        self._restore_threads()
+        self.scoring.close()
+
+    def _restore_threads(self) -> None:
         import torch
 
-        self.sampler.close()
         if self._threads_before:
             torch.set_num_threads(self._threads_before)
-        self.scoring.close()
 
 
 class _Weights:

@@ -95,3 +95,28 @@ def test_decode_time_logprobs_equal_the_forward_ones(model):
     assert torch.equal(a.completion_ids, b.completion_ids)
     m = a.completion_mask.bool()
     assert torch.allclose(a.logprobs[m], b.logprobs[m], atol=1e-5) and (b.logprobs[~m] == 0).all()
+
+
+def test_the_preallocated_cache_decodes_what_the_growing_one_does(model):
+    """The KV cache written in place (`hf._Preallocated`) against transformers' concatenating one:
+    the same tokens and the same decoding log-probs, groups of different lengths and ends included."""
+    from hindsight.maths.experience import pad_left
+    from hindsight.rollout.hf import decode
+
+    policy, tok = model
+    ids, mask = pad_left([tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    runs = []
+    for preallocated in (False, True):
+        gens = [torch.Generator().manual_seed(s) for s in (7, 8, 9)]
+        runs.append(decode(policy.eval(), ids, mask, gens, 4, 12, 0.9, 1.0, [tok.eos_token_id], tok.pad_token_id,
+                           with_logprobs=True, preallocated=preallocated))
+    (grown, grown_mask, grown_logp), (placed, placed_mask, placed_logp) = runs
+    assert grown.shape[1] > 1 and torch.equal(grown, placed) and torch.equal(grown_mask, placed_mask)
+    torch.testing.assert_close(placed_logp, grown_logp, rtol=0, atol=1e-6)
+    from hindsight.maths.logprobs import output_cache
+    from hindsight.rollout.hf import _Preallocated, preallocate
+
+    cache = output_cache(policy(input_ids=ids, attention_mask=mask, use_cache=True))
+    preallocate(cache, 12)
+    assert cache.layers and all(isinstance(layer, _Preallocated) and layer._k.shape[2] == ids.shape[1] + 12
+                                for layer in cache.layers)
