@@ -12,6 +12,7 @@ to one holder, so what a group holds does not depend on who sampled it.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, ClassVar, Iterator
@@ -45,7 +46,7 @@ class Collected:
     scored: int = 0                                 # completions scored
 
 
-class WorkerPool:
+class WorkerPool(ABC):
     """One placement of the run's workers. Subclasses register in `hindsight.rollout.pools.POOLS`."""
     name: ClassVar[str]
     summary: ClassVar[str]                 # "<setting> runs ...": the start of a refusal's sentence
@@ -54,24 +55,25 @@ class WorkerPool:
     on_progress: Callable[[], None] = staticmethod(lambda: None)  # told when a role is replaced
     reward_worker = None  # the guarded reward process in the stage's process, which evaluation shares
 
-    @classmethod
+    @classmethod  # noqa: B027  (most pools have nothing to check)
     def preflight(cls, cfg) -> None:
         """Before any model loads: refuse what this machine or cluster cannot hold."""
 
+    @abstractmethod
     def publish(self, version: int, policy) -> dict[str, float]:
-        raise NotImplementedError
+        """A new weights version to every worker, through the pool's own transport."""
 
+    @abstractmethod
     def submit(self, step: int, tasks: list[GroupTask], version: int) -> None:
         """Lease the open groups among `tasks` (one round of a step) to sample with weights `version`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def collect(self, step: int) -> Collected:
         """Wait until the submitted groups of `step` are sealed (written by a worker)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def score(self, step: int, groups: list[int]) -> list[dict]:
         """Score `groups` (a part each); the reward failures of each call."""
-        raise NotImplementedError
 
     def sample_metrics(self) -> dict[str, float]:
         return {}
@@ -83,8 +85,23 @@ class WorkerPool:
         """(name, pid, log) of the processes a stall report asks for their stacks."""
         return []
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027  (a pool with nothing to stop)
+        """Stop the pool's workers and processes."""
+
+
+class InStepPool(WorkerPool):
+    """A pool that samples when the run collects (rl.async.max_staleness: 0): `submit` opens the
+    round's groups and keeps them, `collect` takes them (`_take`) and runs the lease loop."""
+
+    def __init__(self, ctx: PoolContext):
+        self.ctx = ctx
+        self._work: dict[int, tuple] = {}  # step -> (open tasks, the round's tasks, version), until collected
+
+    def submit(self, step: int, tasks: list[GroupTask], version: int) -> None:
+        self._work[step] = (open_groups(self.ctx.ledger, self.ctx.store, step, tasks), tasks, version)
+
+    def _take(self, step: int) -> tuple[list[GroupTask], list[GroupTask], int]:
+        return self._work.pop(step)
 
 
 def open_groups(ledger, store, step: int, tasks: list[GroupTask]) -> list[GroupTask]:

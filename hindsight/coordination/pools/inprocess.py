@@ -3,13 +3,13 @@ learner's policy object (a new weights version is the same tensors, `transport.i
 A step's groups are sampled when the run collects them, worker after worker."""
 from __future__ import annotations
 
-from hindsight.coordination.pools.base import Collected, PoolContext, WorkerPool, leases, open_groups
+from hindsight.coordination.pools.base import Collected, InStepPool, PoolContext, leases
 from hindsight.coordination.pools.scoring import LocalScoring
 from hindsight.rollout.pools import POOLS, Capabilities
 
 
 @POOLS.register
-class InProcessPool(WorkerPool):
+class InProcessPool(InStepPool):
     name = "local"
     summary = "workers.placement: local runs every role in the stage's process"
     capabilities = Capabilities(in_step=True, samples_ahead=False, dynamic_sampling=True, lora=True,
@@ -19,7 +19,8 @@ class InProcessPool(WorkerPool):
         from hindsight.rollout.worker import RolloutWorker
         from hindsight.transport.inprocess import InProcessSender
 
-        self.ctx, self.rl = ctx, ctx.cfg.rl
+        super().__init__(ctx)
+        self.rl = ctx.cfg.rl
         self.workers = {f"local-{i}": RolloutWorker(f"local-{i}", ctx.policy, ctx.tok, self.rl, ctx.cfg.seed,
                                                     ctx.store, ctx.init_path)
                         for i in range(self.rl.workers.rollout)}
@@ -28,16 +29,13 @@ class InProcessPool(WorkerPool):
         self.sender = InProcessSender(list(self.workers.values()))
         self.scoring = LocalScoring(ctx)
         self.reward_worker = self.scoring.reward_worker
-        self._work: dict[int, tuple] = {}  # step -> (todo, tasks, version): sampled when collected
 
     def publish(self, version: int, policy) -> dict[str, float]:
         return self.sender.publish(version, policy)
 
-    def submit(self, step, tasks, version) -> None:
-        self._work[step] = (open_groups(self.ctx.ledger, self.ctx.store, step, tasks), tasks, version)
 
     def collect(self, step: int) -> Collected:
-        todo, tasks, version = self._work.pop(step)
+        todo, tasks, version = self._take(step)
         ledger, ttl = self.ctx.ledger, self.rl.workers.lease_ttl_s
         for worker_id, share in leases(ledger, step, todo, tasks, list(self.workers), self.rl.rollout.groups_per_batch,
                                        lambda _: ttl):

@@ -5,13 +5,13 @@ scale` grows or shrinks the rollout actors at a step boundary. The learner's oth
 (learner.processes > 1) are Ray actors too (`coordination.learner_group`)."""
 from __future__ import annotations
 
-from hindsight.coordination.pools.base import Collected, PoolContext, WorkerPool, open_groups
+from hindsight.coordination.pools.base import Collected, InStepPool, PoolContext
 from hindsight.rollout.pools import POOLS, Capabilities
 from hindsight.state.rundir import RunDir
 
 
 @POOLS.register
-class RayPool(WorkerPool):
+class RayPool(InStepPool):
     name = "ray"
     summary = "workers.placement: ray samples on Ray actors in step with the learner"
     capabilities = Capabilities(in_step=True, samples_ahead=False, dynamic_sampling=True, lora=False,
@@ -27,7 +27,8 @@ class RayPool(WorkerPool):
     def __init__(self, ctx: PoolContext):
         from hindsight.coordination.placement import RayRolloutPool, RayScorerPool
 
-        cfg, self.ctx, self.rl = ctx.cfg, ctx, ctx.cfg.rl
+        super().__init__(ctx)
+        cfg, self.rl = ctx.cfg, ctx.cfg.rl
         rl_dir = RunDir.of(cfg).rl.path
         # the actors build their copies from the folder the learner started from: version ctx.version
         self.rollout = RayRolloutPool(self.rl.workers.rollout, self.rl, ctx.policy_path, cfg.model.dtype, cfg.seed,
@@ -39,16 +40,13 @@ class RayPool(WorkerPool):
         finally:
             if self.scorer is None:
                 self.rollout.close()
-        self._work: dict[int, tuple] = {}
 
     def publish(self, version: int, policy) -> dict[str, float]:
         return self.rollout.publish(version, policy)
 
-    def submit(self, step, tasks, version) -> None:
-        self._work[step] = (open_groups(self.ctx.ledger, self.ctx.store, step, tasks), tasks, version)
 
     def collect(self, step: int) -> Collected:
-        todo, tasks, version = self._work.pop(step)
+        todo, tasks, version = self._take(step)
         self.rollout.resize(step)  # a `hindsight scale` request, at the step boundary
         self.rollout.dispatch(step, todo, tasks, version, self.ctx.store)
         return Collected()

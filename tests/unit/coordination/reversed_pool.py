@@ -3,7 +3,7 @@ registration. Rollout workers in the stage's process, each with a policy copy of
 test-only transport (`copy_transport.py`) keeps current; the last worker given a share samples
 first. (Not threads: workers sharing one policy object would race, `maths.logprobs` patches a
 module while it runs.)"""
-from hindsight.coordination.pools.base import Collected, WorkerPool, leases, open_groups
+from hindsight.coordination.pools.base import Collected, InStepPool, leases
 from hindsight.coordination.pools.scoring import LocalScoring
 from hindsight.rollout.pools import POOLS, Capabilities
 from hindsight.rollout.worker import RolloutWorker
@@ -12,29 +12,28 @@ from copy_transport import CopySender
 
 
 @POOLS.register
-class ReversedPool(WorkerPool):
+class ReversedPool(InStepPool):
     name = "reversed"
     summary = "workers.placement: reversed samples with the last worker first"
     capabilities = Capabilities(lora=False)
     shares: list[tuple[int, list[str]]] = []  # (step, the workers given a share) of each collect
 
     def __init__(self, ctx):
-        self.ctx, self.rl = ctx, ctx.cfg.rl
+        super().__init__(ctx)
+        self.rl = ctx.cfg.rl
         self.workers = {f"reversed-{i}": RolloutWorker.from_paths(f"reversed-{i}", ctx.policy_path, ctx.cfg.model.dtype,
                                                                   self.rl, ctx.cfg.seed, str(ctx.store.root), ctx.init_path)
                         for i in range(self.rl.workers.rollout)}
         for worker in self.workers.values():
             worker.start_at(ctx.version)
-        self.sender, self.scoring, self._work = CopySender(list(self.workers.values())), LocalScoring(ctx), {}
+        self.sender, self.scoring = CopySender(list(self.workers.values())), LocalScoring(ctx)
 
     def publish(self, version, policy):
         return self.sender.publish(version, policy)
 
-    def submit(self, step, tasks, version):
-        self._work[step] = (open_groups(self.ctx.ledger, self.ctx.store, step, tasks), tasks, version)
 
     def collect(self, step):
-        todo, tasks, version = self._work.pop(step)
+        todo, tasks, version = self._take(step)
         ledger = self.ctx.ledger
         shares = dict(leases(ledger, step, todo, tasks, list(self.workers), self.rl.rollout.groups_per_batch,
                              lambda _: self.rl.workers.lease_ttl_s))
