@@ -110,13 +110,13 @@ class _Preallocated(DynamicLayer):
         return self.n
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a preallocated decode cache is not cropped")
+        raise RuntimeError("a preallocated decode cache is not cropped")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("a preallocated decode cache is made after the prompts are repeated")
+        raise RuntimeError("a preallocated decode cache is made after the prompts are repeated")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("a preallocated decode cache keeps every row")
+        raise RuntimeError("a preallocated decode cache keeps every row")
 
 
 def preallocate(cache, new_positions: int) -> None:
