@@ -33,7 +33,6 @@ class InProcessPool(InStepPool):
     def publish(self, version: int, policy) -> dict[str, float]:
         return self.sender.publish(version, policy)
 
-
     def collect(self, step: int) -> Collected:
         todo, tasks, version = self._take(step)
         ledger, ttl = self.ctx.ledger, self.rl.workers.lease_ttl_s

@@ -44,7 +44,6 @@ class RayPool(InStepPool):
     def publish(self, version: int, policy) -> dict[str, float]:
         return self.rollout.publish(version, policy)
 
-
     def collect(self, step: int) -> Collected:
         todo, tasks, version = self._take(step)
         self.rollout.resize(step)  # a `hindsight scale` request, at the step boundary

@@ -31,7 +31,6 @@ class ReversedPool(InStepPool):
     def publish(self, version, policy):
         return self.sender.publish(version, policy)
 
-
     def collect(self, step):
         todo, tasks, version = self._take(step)
         ledger = self.ctx.ledger
