@@ -251,12 +251,13 @@ def sync(run_dir: Path = typer.Argument(..., help="the run directory (runs/NAME)
     guard(go, debug)
 
 
-def data_build(out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: data, or data-tools "
-                                                                       "for --demo tool_sums)"),
+def data_build(out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: data, data-tools "
+                                                                       "for --demo tool_sums, data-gsm8k for gsm8k_format)"),
                seed: int = typer.Option(0, help="seed; 0 reproduces the md5 pinned in data.dvc (data-tools.dvc)"),
                check: Optional[Path] = typer.Option(None, help="compare with this .dvc pin (default: data.dvc, or "
                                                               "data-tools.dvc for --demo tool_sums)"),
-               demo: str = typer.Option("sums", help="sums (the default demo) or tool_sums (the multi-turn demos)")):
+               demo: str = typer.Option("sums", help="sums (the default demo), tool_sums (the multi-turn demos) or "
+                                                       "gsm8k_format (the GSM8K-format recipe's word problems)")):
     """Regenerate the demo data deterministically."""
     from hindsight.data.demo import demo_data
     from hindsight.data.rows import dvc_dir_md5, pinned_md5
@@ -266,7 +267,7 @@ def data_build(out: Optional[Path] = typer.Option(None, "--out", help="output fo
     except ValueError as exc:
         typer.secho(f"error: --demo {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    name = "data-tools" if demo == "tool_sums" else "data"
+    name = {"tool_sums": "data-tools", "gsm8k_format": "data-gsm8k"}.get(demo, "data")
     out, check = out or Path(name), check or Path(f"{name}.dvc")
     build(out, seed=seed)
     md5 = dvc_dir_md5(out)

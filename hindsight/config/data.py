@@ -18,8 +18,9 @@ class DataConfig(Strict):
     dvc_file: str | None = "data.dvc"
     build_demo: bool = Field(True, description="build the demo data into data.dir when the config reads the demo's "
                                                "files and they are missing (never into a folder holding other files)")
-    demo: Literal["sums", "tool_sums"] = Field("sums", description="which demo build_demo makes: sums (the "
-                                             "default demo), tool_sums (the multi-turn demos' 3-digit sums)")
+    demo: Literal["sums", "tool_sums", "gsm8k_format"] = Field(
+        "sums", description="which demo build_demo makes: sums (the default demo), tool_sums (the multi-turn "
+                            "demos' 3-digit sums), gsm8k_format (GSM8K-format word problems, the real-model recipe's)")
     prompts: str = "data/prompts.jsonl"
     eval: str = "data/eval.jsonl"
     sft: str = "data/sft.jsonl"

@@ -70,11 +70,16 @@ def build_demo_data(out_dir: str | Path, seed: int = 0, error_rate: float = 0.6,
 
 
 def demo_data(name: str):
-    """(the files, the builder) of the demo data set `name` (`data.demo`: sums, tool_sums)."""
+    """(the files, the builder) of the demo data set `name` (`data.demo`: sums, tool_sums,
+    gsm8k_format)."""
+    if name == "gsm8k_format":
+        from hindsight.data.wordproblems import FILES, build_word_problems
+
+        return FILES, build_word_problems
     if name == "tool_sums":
         from hindsight.data.toolsums import FILES, build_tool_data
 
         return FILES, build_tool_data
     if name != "sums":
-        raise ValueError(f"{name!r}: no such demo data (sums, tool_sums)")
+        raise ValueError(f"{name!r}: no such demo data (sums, tool_sums, gsm8k_format)")
     return DEMO_FILES, build_demo_data

@@ -84,3 +84,37 @@ def test_as_the_gate_the_judge_zeroes_the_hacked_format_reward(server):
     oq, oc = _held_out(honest, 6, seed=404)
     gated = judge(hc + oc, hq + oq, **server, gate="rewards.format:step_keywords")
     assert sum(gated[:6]) <= 1.0 and sum(gated[6:]) >= 2.5, gated  # each honest one keeps its 0.5
+
+
+def test_the_gsm8k_recipe_runs_two_steps_through_the_cli_with_the_judge_on_loopback(server, tmp_path, prefect_api):
+    """Issue 52's smoke: configs/examples/smollm2-gsm8k.yaml at its smoke size (SFT warm-up, then two
+    RL steps of the real SmolLM2), its reward file beside the config, and the judge above as a second
+    reward: each step logs the judge's mean beside the answer reward's, and the judge's cost."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    root = Path(__file__).resolve().parents[2]
+    recipe = yaml.safe_load((root / "configs/examples/smollm2-gsm8k.yaml").read_text())
+    recipe["rl"]["scoring"]["rewards"].append({"fn": "rewards.judge:judge", "weight": 0.5, "args": server})
+    (tmp_path / "gsm8k.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    shutil.copy(root / "configs/examples/gsm8k_reward.py", tmp_path)  # the reward file beside the config
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "gsm8k.yaml", "--smoke"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert len((tmp_path / "data-gsm8k/eval.jsonl").read_text().splitlines()) == 200  # the demo data, built
+
+    client = MlflowClient(uri)
+    (rl,) = [r for r in client.search_runs([client.get_experiment_by_name("smollm2-gsm8k").experiment_id])
+             if r.data.tags["mlflow.runName"].startswith("rl ·")]
+    for name in ("reward/final_answer", "reward/judge", "time/score_s"):
+        steps = [m.step for m in client.get_metric_history(rl.info.run_id, name)]
+        assert sorted(steps) == [1, 2], (name, steps)
+    judged = [m.value for m in client.get_metric_history(rl.info.run_id, "reward/judge")]
+    assert all(0.0 <= v <= 1.0 for v in judged), judged
