@@ -2,6 +2,7 @@
 `models:/NAME@ALIAS` (or a path, `tiny://`, a hub id) resolved to a local folder."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -64,7 +65,11 @@ def resolve_model(cfg: PipelineConfig, uri: str, field: str) -> tuple[str, str]:
     except MlflowException as exc:
         raise ConfigError(f"{field}: {uri} not found in the model registry at {c.tracking_uri} "
                              f"({exc.message.splitlines()[0]}); run the stage that produces it first") from None
-    dst = Path(".hindsight") / "registry" / mv.name / str(mv.version)
+    # keyed by where the version's files are stored as well as by its number: another tracking store
+    # (a new mlflow.db in the same folder) numbers its own versions from 1 again, and must not be
+    # handed the first store's weights for them
+    where = hashlib.sha256(str(mv.source).encode()).hexdigest()[:12]
+    dst = Path(".hindsight") / "registry" / mv.name / f"{mv.version}-{where}"
     if not ((dst / "config.json").exists() or (dst / "adapter_config.json").exists()):
         dst.mkdir(parents=True, exist_ok=True)
         mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst))
