@@ -4,8 +4,8 @@
 
 Each file is an evaluation's greedy answers as an RL run keeps them (RUN_DIR/rl/evals/step-N.json).
 For each it prints the accuracy and its standard error, the share of answers that ended (stopped
-before the token budget: `eval.max_new_tokens`, from the run's config beside the evals, or
---budget), the accuracy among those that ended, and the mean answer length in tokens. Then the
+before the token budget: `eval.max_new_tokens`, from the run's decoding record beside the
+evals, or --budget), the accuracy among those that ended, and the mean answer length in tokens. Then the
 gain of each file over the first, with the standard error of the difference paired by question
 (the same questions in the same order), and unpaired, the more cautious one, for comparison.
 """
@@ -68,13 +68,12 @@ def main() -> None:
 
 
 def _budget(path: Path) -> int:
-    """eval.max_new_tokens of the run the evaluation belongs to (RUN_DIR/config.json beside rl/)."""
-    for folder in path.parents:
-        for name in ("config.json", "rl/config.json"):
-            if (folder / name).is_file():
-                return json.loads((folder / name).read_text())["eval"]["max_new_tokens"]
-    raise SystemExit(f"{path}: no run config above it to read eval.max_new_tokens from; pass --budget")
-
+    """eval.max_new_tokens of the run the evaluation belongs to, from the decoding record it keeps
+    beside its evals (RUN_DIR/rl/decoding.json)."""
+    record = path.parent.parent / "decoding.json"
+    if not record.is_file():
+        raise SystemExit(f"{path}: no {record} to read eval.max_new_tokens from; pass --budget")
+    return json.loads(record.read_text())["eval"]["max_new_tokens"]
 
 if __name__ == "__main__":
     main()
