@@ -29,7 +29,8 @@ def test_a_missing_or_malformed_preset_is_one_error_naming_the_file(tmp_path):
         load_config(_cfg(tmp_path, "name: p\nsmoke: {rl.stepz: 2}\n"), smoke=True)
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "demo-tools.yaml", "demo-guess.yaml", "examples/smollm2-reasoning.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "demo-tools.yaml", "demo-guess.yaml", "examples/smollm2-reasoning.yaml",
+                                  "examples/smollm2-gsm8k.yaml"])
 def test_every_demo_has_a_smoke_size(name):
     from pathlib import Path
 
