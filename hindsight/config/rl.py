@@ -43,10 +43,13 @@ class RolloutConfig(Strict):
                                     "changed in their dtype, with a full copy every this many versions; 1: always full")
     multi_turn: MultiTurnConfig | None = Field(None, description="trajectories of several turns with tools or an "
                                                "environment (hf engine); absent: one completion a prompt")
-    logprobs: Literal["forward", "decode"] = Field(
-        "forward", description="hf: the behaviour log-probs from one forward after decoding (the same bits "
-                               "whatever the worker's thread count), or read off the decoding logits (one "
-                               "forward fewer; equal to ~1e-6, the same bits at one thread count)")
+    logprobs: Literal["forward", "decode", "learner"] = Field(
+        "forward", description="the ratio's anchor: forward, one forward of the training model after decoding (the "
+                               "same bits whatever the worker's thread count); decode (hf), read off the decoding "
+                               "logits (one forward fewer; equal to ~1e-6, the same bits at one thread count); "
+                               "learner, the update's own forward, when each batch is one optimizer step (no "
+                               "forward before the update, as TRL with one iteration; the engine's log-probs are "
+                               "kept for the correction and the gap)")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -275,6 +278,8 @@ class RLConfig(Strict):
         if mini and mini % self.samples_per_prompt:
             raise ValueError(f"learner.mini_batch_size {mini} must hold whole groups: a multiple of "
                              f"samples_per_prompt {self.samples_per_prompt}")
+        for error in anchor_errors(self):
+            raise ValueError(error)
         if self.lora.enabled and not get_strategy(self.learner.strategy).trains_adapters:
             raise ValueError(f"lora.enabled trains a replicated adapter: learner.strategy: {self.learner.strategy} "
                              f"does not shard one yet (use ddp, or train the full model under {self.learner.strategy})")
@@ -308,6 +313,33 @@ def loss_combination_errors(algorithm, learner: LearnerConfig) -> list[str]:
     if loss.correction_levels is not None and level not in ("auto", "none", *loss.correction_levels):
         out.append(f"rl.learner.correction.level: {level}: loss {learner.loss} takes the correction inside its maths "
                    f"at the {' or '.join(loss.correction_levels)} level only")
+    return out
+
+
+def anchor_errors(rl: RLConfig) -> list[str]:
+    """Where the anchor cannot be the update's own forward, or a sampling copy cannot serve."""
+    from hindsight.rollout.engines.hf import copy_dtype
+
+    out = []
+    if rl.rollout.logprobs == "learner":
+        batch, mini = rl.prompts_per_step * rl.samples_per_prompt, rl.learner.mini_batch_size
+        if rl.learner.num_iterations > 1 or (mini and mini < batch):
+            out.append(f"rollout.logprobs: learner takes the anchor from the update's forward, which is the behaviour "
+                       f"policy's only in a batch's first optimizer step: it needs learner.num_iterations 1 and one "
+                       f"mini-batch a step (learner.mini_batch_size {mini} < {batch} samples); use forward")
+        if rl.async_.max_staleness >= 1 and rl.learner.correction.level == "none":
+            out.append("rollout.logprobs: learner with async.max_staleness >= 1 anchors on the current weights, so "
+                       "the staleness needs the correction: set learner.correction.level (auto, token, sequence)")
+    dtype = copy_dtype(rl.rollout)
+    if dtype is not None:
+        if rl.rollout.logprobs == "decode":
+            out.append(f"rollout.logprobs: decode would anchor the ratio on the {dtype} copy's own log-probs "
+                       f"(rollout.hf.dtype: {dtype}): use forward or learner, which anchor on the float32 learner")
+        if rl.rollout.multi_turn is not None:
+            out.append(f"rollout.hf.dtype: {dtype} samples single turns; multi_turn samples the policy itself "
+                       f"(dtype: policy)")
+        if rl.lora.enabled:
+            out.append(f"rollout.hf.dtype: {dtype} copies a full policy; a LoRA policy samples itself (dtype: policy)")
     return out
 
 

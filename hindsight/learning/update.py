@@ -44,6 +44,7 @@ class LearnerSettings:
     mini_batch_size: int | None = None       # samples per optimizer step; None: the whole step
     micro_batch_tokens: int | None = None    # padded tokens per forward/backward; None: the whole mini-batch
     packing: str = "off"                     # off / on / auto: rows end to end in a micro-batch's forwards
+    anchor: str = "stored"                   # stored: the batch's log-probs; step: the update's own forward
 
     @property
     def estimator(self):
@@ -68,7 +69,7 @@ def learner_settings(rl) -> LearnerSettings:
     budget = learner.micro_batch_tokens
     return _by_name(LearnerSettings, learner, algorithm=rl.algorithm, params=rl.algorithm_settings(),
                     micro_batch_tokens=None if budget == "auto" else budget,  # auto: set by the fit (learning.fit)
-                    temperature=rl.rollout.temperature,
+                    temperature=rl.rollout.temperature, anchor="step" if rl.rollout.logprobs == "learner" else "stored",
                     loss=loss, reward_kl_coef=0.0 if in_loss else rl.kl.coef,
                     entropy=EntropyControl.of(learner.adaptive_entropy, learner.entropy_coef))
 
@@ -83,7 +84,7 @@ def resolved_correction(rl) -> Correction:
     c = rl.learner.correction
     level, action, lo, hi = c.level, c.action, c.clip_min, c.clip_max
     if level == "auto":
-        level = "sequence" if get_engine(rl.rollout.backend).recompute_logprobs else "none"
+        level = "sequence" if get_engine(rl.rollout.backend).recomputes(rl.rollout) else "none"
     return Correction(level=level, action=action, clip_min=lo, clip_max=hi, off_policy_mask=c.off_policy_mask,
                       recompute_anchor=level != "none" and rl.async_.max_staleness >= 1)
 
@@ -205,24 +206,37 @@ def update(model, optimizer, exp: Experience, s: LearnerSettings, critic=None, c
     given, stops a diverging step.
     """
     share = share or Share()
-    exp = anchored(model, whole_batch_advantages(exp, s, critic, share), s, share)
-    gap = gap_metrics(exp.logprobs, exp.engine_logprobs, exp.loss_mask, s.loss.correction)  # the whole batch's
+    exp = whole_batch_advantages(exp, s, critic, share)
+    if s.anchor == "step":  # the stored log-probs are the engine's; the step's forwards fill in the anchor
+        exp.engine_logprobs = exp.engine_logprobs if exp.engine_logprobs is not None else exp.logprobs.clone()
+        exp.logprobs = exp.logprobs.clone()
+    else:
+        exp = anchored(model, exp, s, share)
+        gap = gap_metrics(exp.logprobs, exp.engine_logprobs, exp.loss_mask, s.loss.correction)  # the whole batch's
     groups = exp.meta.get("groups") or [i // exp.group_size for i in range(len(exp))]
     model.train()
     if critic is not None:
         critic.train()
     metrics: dict[str, float] = {}
     ratios: dict[str, float] = {}
+    trained: list[int] = []  # this rank's rows, whose anchors a step-anchored update computed
     for it in range(s.num_iterations):
         steps = []
         for rows in mini_batches(len(exp), exp.group_size, s.mini_batch_size):
             mine, weight = share.rows([groups[i] for i in rows])
             totals = Totals.of(exp.loss_mask[rows])  # the whole mini-batch's, on every rank
-            mb = exp.rows([rows[i] for i in mine])
+            index = [rows[i] for i in mine]
+            mb = exp.rows(index)
             steps.append(_mini_batch_step(model, optimizer, critic, critic_optimizer, mb, totals, s, share, weight,
                                           health))
+            if s.anchor == "step":
+                exp.logprobs[index] = mb.logprobs
+                trained += index if weight else []  # weight 0: a stand-in row, another rank's
         metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
         ratios[f"ratio_mean/iter{it}"] = metrics["ratio_mean"]
+    if s.anchor == "step":  # the gap over the rows this rank trained (on a learner group, its share)
+        mine = sorted(set(trained))
+        gap = gap_metrics(exp.logprobs[mine], exp.engine_logprobs[mine], exp.loss_mask[mine], s.loss.correction)
     return {**metrics, **ratios, **gap, "learn/mini_batches": float(len(steps))}
 
 
@@ -276,7 +290,11 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
         logp, entropy = micro_logprobs(model, part.input_ids, part.attention_mask, mask.size(1), part.group_size,
                                        s.temperature, with_entropy=True, entropy_grad=bool(coef),
                                        packing="on" if packed else "off")  # (b, t), (b, t)
-        loss, stats = policy_loss(logp, part.logprobs, part.ref_logprobs, part.advantages, mask, s.loss, entropy,
+        old = part.logprobs                                                       # (b, t) the ratio's anchor
+        if s.anchor == "step":  # one optimizer step a batch: this forward is the behaviour policy's
+            old = logp.detach()
+            mb.logprobs[rows, :old.size(1)] = old.to(mb.logprobs.device, mb.logprobs.dtype)
+        loss, stats = policy_loss(logp, old, part.ref_logprobs, part.advantages, mask, s.loss, entropy,
                                   totals, part.engine_logprobs, coef)
         (loss * w_loss).backward()
         m = mask.to(logp.dtype)

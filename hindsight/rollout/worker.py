@@ -118,7 +118,10 @@ class RolloutWorker:
         if self.rl.rollout.multi_turn is not None:
             return self._trajectories(batch, seeds)
         exp = self._engine().sample([t.prompt["prompt"] for t in batch], seeds, self.rl.samples_per_prompt)
-        return self._learner_logprobs(exp) if self.engine_cls.recompute_logprobs else exp
+        if self.rl.rollout.logprobs == "learner":  # the update's own forward is the anchor: none here
+            exp.engine_logprobs = exp.logprobs
+            return exp
+        return self._learner_logprobs(exp) if self.engine_cls.recomputes(self.rl.rollout) else exp
 
     def _engine(self):
         """The engine, built at the first rollout, and told of every new weights version."""

@@ -52,6 +52,12 @@ class Engine:
     multi_turn: ClassVar[bool] = False         # implements continue_turns (rl.rollout.multi_turn)
 
     @classmethod
+    def recomputes(cls, rollout) -> bool:
+        """Whether, with the rollout section `rollout`, its log-probs are not the training model's
+        forward (so the anchor is the learner's, and the correction's `auto` turns on)."""
+        return cls.recompute_logprobs
+
+    @classmethod
     def problem(cls) -> str | None:
         """Why it cannot run on this machine (a missing package or device), or None."""
         return None

@@ -78,9 +78,13 @@ class Reads:
 
     def __getattr__(self, name):
         value = getattr(self._model, name)
-        if callable(value) and not isinstance(value, BaseModel):  # rl.algorithm_settings(), learner.loss_settings()
-            block = self._model.algorithm if name == "algorithm_settings" else self._model.loss
-            return lambda *a, **k: Reads(value(*a, **k), (*self._path, block), self._seen)
+        if callable(value) and not isinstance(value, BaseModel):
+            # rl.algorithm_settings(), learner.loss_settings(), rollout.engine_settings(name): each a block
+            def block(*a):
+                if name == "engine_settings":
+                    return a[0] if a else self._model.backend
+                return self._model.algorithm if name == "algorithm_settings" else self._model.loss
+            return lambda *a, **k: Reads(value(*a, **k), (*self._path, block(*a)), self._seen)
         if isinstance(value, BaseModel):
             return Reads(value, (*self._path, name), self._seen)
         self._seen.add((*self._path, name))
