@@ -1,23 +1,27 @@
-"""The sampler's decode loop against this machine's memory-bandwidth bound, on SmolLM2-135M-Instruct.
+"""The sampler's decode loop against this machine's memory-bandwidth bound, on SmolLM2-135M-Instruct:
+the float32 policy, and the bf16 sampling copy (`rl.rollout.hf.dtype: bfloat16`) of it.
 
-    python bench/decode_bound.py [--prompts 4] [--samples 4] [--new-tokens 128] [--rounds 3] [--dtype float32]
+    python bench/decode_bound.py [--prompts 4] [--samples 4] [--new-tokens 128] [--rounds 3]
 
 Decoding a 135 M model at 16 rows reads every weight once a decode step, so a step cannot be
 faster than (weight bytes) / (memory bandwidth). The bandwidth is measured here, STREAM-style: a
 copy of an array far larger than the caches, counted as its bytes read plus its bytes written,
-with the threads the sampler has. The bench prints
+with the threads the sampler has. For each of the two the bench prints
 
     ratio positions_per_s sampler/bandwidth_bound
 
-(decode steps a second: one position of every row), the same against the GEMM floor (the
-weights' matmuls alone at the batch's rows: on a few CPU cores compute, not bandwidth, binds),
-the same decode with transformers' concatenating KV cache (the loop before `hf._Preallocated`),
-and what the loop's time goes to: the model's forwards at the same positions, and the rest
-(Gumbel noise, the pick, masks and Python), measured by running the forwards alone.
+(decode steps a second: one position of every row; the copy's bound is its own, half the bytes),
+the same against the GEMM floor (the weights' matmuls alone at the batch's rows, in the same
+dtype and layout: on a few CPU cores compute, not bandwidth, binds), and what the loop's time goes
+to: the model's forwards at the same positions, and the rest (Gumbel noise, the pick, masks and
+Python), measured by running the forwards alone. For the float32 policy it also times the decode
+with transformers' concatenating KV cache (the loop before `hf._Preallocated`). The copy's time
+includes building it, once a sampling call as the engine does.
 """
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import os
 import statistics
 import sys
@@ -48,12 +52,19 @@ def bandwidth_gb_s(mib: int = 512, rounds: int = 7) -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of the distinct parameter storages (a tied embedding and head counted once)."""
+    """Bytes a decode step reads: the distinct parameter storages (a tied embedding and head counted
+    once) and a sampling copy's prepacked linear weights (held outside its parameters)."""
+    from hindsight.rollout.sampling_copy import PackedLinear
+
     seen, total = set(), 0
     for p in model.parameters():
-        if p.data_ptr() not in seen:
+        if p.data_ptr() not in seen and p.numel():
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
+    packed = [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
+    total += sum(w.numel() * w.element_size() for w in packed)
+    if packed and getattr(model.config, "tie_word_embeddings", False):  # the embedding's rows: one per row a step
+        total -= model.get_input_embeddings().weight.numel() * 2
     return total
 
 
@@ -102,23 +113,61 @@ def forwards_only(model, ids, mask, completion, group_size: int) -> tuple[float,
         return prefill, time.perf_counter() - t - prefill
 
 
-def matmul_floor_s(rows: int, wbytes: int, hidden: int, rounds: int = 5) -> float:
-    """Seconds to push `rows` rows through `wbytes` of float32 weights in (hidden, 4 hidden)
-    matmuls, the best of `rounds`: what one decode step costs this machine's GEMM at the model's
-    size, with no attention, cache or Python in it (the bound the machine itself sets, where
-    compute, not bandwidth, may be what binds)."""
+def matmul_floor_s(rows: int, wbytes: int, hidden: int, copy: bool, rounds: int = 5) -> float:
+    """Seconds to push `rows` rows through `wbytes` of weights in (4 hidden, hidden) linear layers,
+    the best of `rounds`: what one decode step costs this machine's GEMM at the model's size, with
+    no attention, cache or Python in it (the bound the machine itself sets, where compute, not
+    bandwidth, may be what binds). float32 as the policy's F.linear runs them, or with `copy`, the
+    sampling copy's layers (bf16, prepacked where oneDNN can)."""
     import torch
 
-    per = hidden * 4 * hidden * 4
-    weights = [torch.randn(hidden, 4 * hidden) for _ in range(max(1, wbytes // per))]  # each (H, 4H)
-    x = torch.randn(rows, hidden)                                                        # (R, H)
+    from hindsight.rollout.sampling_copy import PackedLinear, packs_linears
+
+    dtype = torch.bfloat16 if copy else torch.float32
+    per = hidden * 4 * hidden * (2 if copy else 4)
+    weights = [torch.randn(4 * hidden, hidden) for _ in range(max(1, wbytes // per))]   # each (4H, H)
+    if copy and packs_linears(dtype, torch.device("cpu")):
+        layers = [PackedLinear(w, None) for w in weights]
+    else:
+        weights = [w.to(dtype) for w in weights]
+        layers = [partial(torch.nn.functional.linear, weight=w) for w in weights]
+    x = torch.randn(rows, hidden).to(dtype)                                              # (R, H)
     best = float("inf")
     for _ in range(rounds):
         t = time.perf_counter()
-        for w in weights:
-            torch.mm(x, w)
+        for layer in layers:
+            layer(x)
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def measure(model, tok, prompts, a, copy: bool) -> dict:
+    """The decode's rate (median of rounds), its forwards alone, and with a growing cache (float32)."""
+    from hindsight.rollout.sampling_copy import build_copy
+
+    import torch
+
+    def sampler():  # the engine builds the copy once a sampling call: counted in
+        return build_copy(model, torch.bfloat16) if copy else model
+
+    runs, grown, builds = [], [], []
+    timed_decode(sampler(), tok, prompts, a, seed=999)  # warm-up: allocator, kernels
+    for r in range(a.rounds):  # the decode, its forwards alone, and the decode with a growing cache, alternated
+        t = time.perf_counter()
+        m = sampler()
+        builds.append(time.perf_counter() - t)
+        steps, seconds, ids, mask, completion = timed_decode(m, tok, prompts, a, seed=r * 100)
+        prefill, forwards = forwards_only(m, ids, mask, completion, a.samples)
+        decoding = seconds - prefill + builds[-1]  # the decode's own prefill is the same forward
+        runs.append(((steps - 1) / decoding, decoding, forwards, steps))
+        if not copy:
+            steps, seconds, *_ = timed_decode(m, tok, prompts, a, seed=r * 100, preallocated=False)
+            grown.append((steps - 1) / (seconds - prefill))
+        del m
+    rate, decoding, forwards, steps = sorted(runs)[len(runs) // 2]
+    return {"rate": rate, "decoding": decoding, "forwards": forwards, "steps": steps,
+            "build": statistics.median(builds), "grown": statistics.median(grown) if grown else None,
+            "wbytes": weight_bytes(sampler())}
 
 
 def main() -> None:
@@ -127,7 +176,6 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--stop-at-end", dest="full", action="store_false",
                     help="stop a decode when every row has ended (default: run --new-tokens positions, equal work)")
     ap.add_argument("--work")
@@ -143,41 +191,35 @@ def main() -> None:
     torch.set_num_threads(threads)
     work = Path(a.work or tempfile.mkdtemp(prefix="hindsight-decode-"))
     init = resolve_model_path(GGUF, work / "models")
-    tok, model = load_tokenizer(init), load_causal_lm(init, a.dtype).eval()
+    tok, model = load_tokenizer(init), load_causal_lm(init, "float32").eval()
     prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["prompt"]}]
                for r in load_procedural(TASK)[:a.prompts]]
     gb_s = statistics.median(bandwidth_gb_s() for _ in range(3))
-    wbytes = weight_bytes(model)
-    bound = gb_s * 1e9 / wbytes  # decode steps a second if a step only read the weights once
-
     rows = a.prompts * a.samples
-    floor = 1.0 / matmul_floor_s(rows, wbytes, model.config.hidden_size) if a.dtype == "float32" else None
-
-    timed_decode(model, tok, prompts, a, seed=999)  # warm-up: allocator, kernels
-    runs, grown = [], []
-    for r in range(a.rounds):  # the decode, its forwards alone, and the decode with a growing cache, alternated
-        steps, seconds, ids, mask, completion = timed_decode(model, tok, prompts, a, seed=r * 100)
-        prefill, forwards = forwards_only(model, ids, mask, completion, a.samples)
-        decoding = seconds - prefill  # the decode's own prefill is the same forward
-        runs.append(((steps - 1) / decoding, decoding, forwards, steps))
-        steps, seconds, *_ = timed_decode(model, tok, prompts, a, seed=r * 100, preallocated=False)
-        grown.append((steps - 1) / (seconds - prefill))
-    rate, decoding, forwards, steps = sorted(runs)[len(runs) // 2]
-    before = statistics.median(grown)
-    print(f"SmolLM2-135M-Instruct in {a.dtype}: {wbytes / 1e6:.0f} MB of weights; {threads} threads; {rows} rows")
-    print(f"memory bandwidth (copy, read + write): {gb_s:.1f} GB/s -> bound {bound:.1f} decode steps/s")
-    if floor is not None:
-        print(f"GEMM floor (the weights' matmuls alone at {rows} rows): {floor:.1f} decode steps/s "
+    print(f"SmolLM2-135M-Instruct, {threads} threads, {rows} rows, {a.new_tokens} positions a decode")
+    print(f"memory bandwidth (copy, read + write): {gb_s:.1f} GB/s")
+    fp32_bound = None
+    for copy, label in ((False, "float32 policy"), (True, "bf16 sampling copy")):
+        m = measure(model, tok, prompts, a, copy)
+        bound = gb_s * 1e9 / m["wbytes"]  # decode steps a second if a step only read the weights once
+        fp32_bound = fp32_bound or bound
+        floor = 1.0 / matmul_floor_s(rows, m["wbytes"], model.config.hidden_size, copy)
+        rest = m["decoding"] - m["forwards"] - m["build"]
+        print(f"\n{label}: {m['wbytes'] / 1e6:.0f} MB read a step -> bound {bound:.1f} decode steps/s")
+        print(f"  GEMM floor (the weights' matmuls alone at {rows} rows): {floor:.1f} decode steps/s "
               f"({floor / bound:.2f} of the bandwidth bound)")
-    print(f"sampler: {rate:.2f} decode steps/s ({rate * rows:.1f} rows x positions/s), prefill left out, "
-          f"median of {a.rounds}; with transformers' growing cache {before:.2f} "
-          f"(ratio positions_per_s preallocated/growing: {rate / before:.4f})")
-    print(f"where the {decoding:.2f} s of decoding went ({steps - 1} steps): the model's forwards {forwards:.2f} s "
-          f"({forwards / decoding:.0%}); noise, pick, masks and the loop {decoding - forwards:.2f} s "
-          f"({(decoding - forwards) / decoding:.0%})")
-    if floor is not None:
-        print(f"ratio positions_per_s sampler/gemm_floor: {rate / floor:.3f} (growing cache: {before / floor:.3f})")
-    print(f"ratio positions_per_s sampler/bandwidth_bound: {rate / bound:.3f} (growing cache: {before / bound:.3f})")
+        grown = f"; with transformers' growing cache {m['grown']:.2f} (ratio positions_per_s " \
+                f"preallocated/growing: {m['rate'] / m['grown']:.4f})" if m["grown"] else ""
+        print(f"  sampler: {m['rate']:.2f} decode steps/s ({m['rate'] * rows:.1f} rows x positions/s), prefill left "
+              f"out, median of {a.rounds}{grown}")
+        print(f"  where the {m['decoding']:.2f} s went ({m['steps'] - 1} steps): the model's forwards {m['forwards']:.2f} s "
+              f"({m['forwards'] / m['decoding']:.0%}); noise, pick, masks and the loop {rest:.2f} s "
+              f"({rest / m['decoding']:.0%}); building the copy {m['build']:.2f} s ({m['build'] / m['decoding']:.0%})")
+        name = "sampler" if not copy else "bf16_copy"
+        print(f"ratio positions_per_s {name}/gemm_floor: {m['rate'] / floor:.3f}")
+        print(f"ratio positions_per_s {name}/bandwidth_bound: {m['rate'] / bound:.3f}")
+        if copy:
+            print(f"ratio positions_per_s bf16_copy/float32_bandwidth_bound: {m['rate'] / fp32_bound:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Where a real model's memory goes in an RL step: SmolLM2-135M-Instruct on the recipe's settings
 (configs/examples/smollm2-reasoning.yaml: 4 prompts x 8 samples, 64 new tokens, a 2,048-token
-micro-batch budget, no reference model), measured in one fresh process, step by step.
+micro-batch budget, no reference model), measured in one fresh process. `--copy bfloat16` samples
+as `rl.rollout.hf.dtype: bfloat16` does: a bf16 copy of the policy built for the call.
 
-    python bench/real_memory.py
+    python bench/real_memory.py [--copy bfloat16]
 
 It runs the measurement twice, each in a fresh process: with the log-probs computed a chunk of
 positions at a time through the output layer (`hindsight.maths.logprobs.LOGIT_CHUNK`, the default),
@@ -10,17 +11,19 @@ and with the whole logits held (`LOGIT_CHUNK = 0`, as before), and prints the ra
 update peaks and of the two whole-process peaks.
 
 The resident memory after the imports, after the float32 weights load (safetensors are mapped,
-so their pages count when first touched), and after a first update (the weights touched, the
-gradients and AdamW's two moments allocated, as a run holds them); then the peak above
-that of sampling a step (hindsight's sampler: the KV cache and the decode's logits) and of one
-update on it (the micro-batches' logits and activations), each peak reset just before
-(/proc/self/clear_refs). Freed tensors go back to the system at once (MALLOC, as in
-bench/learner_memory.py), so a peak is what the tensors needed. Prints each item in GB and in
-bytes per parameter, and the whole peak per parameter.
+so their pages count when first touched), and after a first update (the weights touched and
+AdamW's two moments allocated, as a run holds them; the gradients are freed after each optimizer
+step, so they are not held between updates); then the peak above that of sampling a step (as the
+engine samples: the KV cache and the decode's logits, and any sampling copy) and of one update
+on it (the gradients, 4 bytes a parameter, and the micro-batches' logits and activations), each peak reset just before (/proc/self/clear_refs).
+Freed tensors go back to the system at once (MALLOC, as in bench/learner_memory.py), so a peak
+is what the tensors needed. Prints each item in GB and in bytes per parameter, the whole peak per
+parameter, and that peak less the update's activations (the goal: at most 20 bytes a parameter).
 """
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import os
 import subprocess
 import sys
@@ -44,7 +47,7 @@ def reset_peak() -> int:
     return status_kb("VmRSS")
 
 
-def measure(chunk: int) -> dict:
+def measure(chunk: int, copy: str | None) -> dict:
     import torch
 
     import hindsight.maths.logprobs
@@ -55,12 +58,15 @@ def measure(chunk: int) -> dict:
     from hindsight.learning.losses.objective import Objective
     from hindsight.learning.update import LearnerSettings, update
     from hindsight.models.load import load_causal_lm, load_tokenizer, resolve_model_path
+    from hindsight.rollout.engines.hf import copy_dtype
     from hindsight.rollout.hf import sample_groups
+    from hindsight.rollout.sampling_copy import SamplingCopy
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
     hindsight.maths.logprobs.LOGIT_CHUNK = chunk
-    cfg = load_config(ROOT / "configs/examples/smollm2-reasoning.yaml")  # its smoke: block is a preset, not a key
+    overrides = [f"rl.rollout.hf.dtype={copy}"] if copy else []
+    cfg = load_config(ROOT / "configs/examples/smollm2-reasoning.yaml", overrides)  # smoke: is a preset, not a key
     rl = cfg.rl
     path = resolve_model_path(GGUF)
     out = {"imports": status_kb("VmRSS")}
@@ -74,31 +80,48 @@ def measure(chunk: int) -> dict:
     settings = LearnerSettings(micro_batch_tokens=rl.learner.micro_batch_tokens,
                                loss=Objective(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
 
+    dtype = copy_dtype(rl.rollout)
+    copies = SamplingCopy(dtype) if dtype is not None else None
+
+    @contextmanager
+    def sampler():
+        if copies is None:
+            yield model
+            return
+        with copies.sampling(model) as built:
+            yield built
+
     def sample(first: int):
-        exp = sample_groups(model, tok, prompts[first:first + rl.prompts_per_step], list(range(rl.prompts_per_step)),
-                            rl.samples_per_prompt, rl.rollout.max_new_tokens, temperature=rl.rollout.temperature,
-                            budget=rl.learner.micro_batch_tokens)  # as the rollout worker calls it
+        with sampler() as sampling:  # as the recipe's engine samples (engines/hf.py)
+            exp = sample_groups(sampling, tok, prompts[first:first + rl.prompts_per_step],
+                                list(range(rl.prompts_per_step)), rl.samples_per_prompt, rl.rollout.max_new_tokens,
+                                temperature=rl.rollout.temperature, logprobs="decode",
+                                budget=rl.learner.micro_batch_tokens)
         exp.rewards = torch.rand(len(exp))  # the update's memory does not depend on the scores' values
         return exp
 
     before = status_kb("VmRSS")
-    update(model, opt, sample(0), settings)  # allocates the gradients and AdamW's state, held from here on
-    model.zero_grad(set_to_none=False)
-    out["grads_and_adamw"] = status_kb("VmRSS") - before
+    update(model, opt, sample(0), settings)  # allocates AdamW's state, held from here on
+    assert all(p.grad is None for p in model.parameters())  # freed after the optimizer step
+    out["adamw"] = status_kb("VmRSS") - before
     held = reset_peak()
     exp = sample(8)
     out["sampling_peak"] = status_kb("VmHWM") - held
+    sampled = status_kb("VmHWM")
     out["completion_tokens"] = int(exp.completion_mask.sum())
     held = reset_peak()
     metrics = update(model, opt, exp, settings)
     out["update_peak"] = status_kb("VmHWM") - held
+    out["grads"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) // 1024
     out["micro_batches"] = metrics["learn/micro_batches"]
-    out["total_peak"] = status_kb("VmHWM")
+    out["update_total"] = status_kb("VmHWM")
+    out["total_peak"] = max(sampled, out["update_total"])  # the step's peak: its sampling or its update
     return out
 
 
-def run_child(chunk: int) -> dict:
-    res = subprocess.run([sys.executable, __file__, "--one", str(chunk)], env={**os.environ, **MALLOC},
+def run_child(chunk: int, copy: str | None) -> dict:
+    res = subprocess.run([sys.executable, __file__, "--one", str(chunk), *(["--copy", copy] if copy else [])],
+                         env={**os.environ, **MALLOC},
                          capture_output=True, text=True)
     if res.returncode:
         sys.exit(res.stderr[-3000:])
@@ -106,34 +129,40 @@ def run_child(chunk: int) -> dict:
 
 
 def main() -> None:
+    copy = sys.argv[sys.argv.index("--copy") + 1] if "--copy" in sys.argv else None
     if "--one" in sys.argv:
-        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]))))
+        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]), copy)))
         return
     from hindsight.maths.logprobs import LOGIT_CHUNK
 
-    m, whole = run_child(LOGIT_CHUNK), run_child(0)
+    m, whole = run_child(LOGIT_CHUNK, copy), run_child(0, copy)
     n = m["params"]
     print(f"SmolLM2-135M-Instruct: {n / 1e6:.1f} M parameters, float32; recipe step: "
           f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update; "
-          f"logits {LOGIT_CHUNK} positions at a time")
-    print(f"{'item':<44}{'GB':>8}{'B/param':>9}")
+          f"logits {LOGIT_CHUNK} positions at a time; sampling {copy or 'as the recipe says'}")
+    print(f"{'item':<48}{'GB':>8}{'B/param':>9}")
+    activations = m["update_peak"] - m["grads"]
     items = [("the process after imports (torch, transformers)", m["imports"]),
              ("weights read (safetensors mmap: paged in later)", m["weights"]),
-             ("weights + gradients + AdamW's two moments", m["grads_and_adamw"]),
+             ("weights paged in + AdamW's two moments", m["adamw"]),
              ("reference model (rl.kl.coef 0: none)", 0),
-             ("sampling peak above that (KV cache, logits)", m["sampling_peak"]),
-             ("update peak above that (logits, activations)", m["update_peak"]),
-             ("  the same with the whole logits held", whole["update_peak"])]
+             ("sampling peak above that (KV cache, any copy)", m["sampling_peak"]),
+             ("update peak above that", m["update_peak"]),
+             ("  of it: gradients (freed after the step)", m["grads"]),
+             ("  of it: logits and activations", activations),
+             ("  update peak with the whole logits held", whole["update_peak"])]
     for name, kb in items:
-        print(f"{name:<44}{kb / 2**20:>8.2f}{kb * 1024 / n:>9.1f}")
-    for name, peak in (("peak resident memory of the whole process", m["total_peak"]),
+        print(f"{name:<48}{kb / 2**20:>8.2f}{kb * 1024 / n:>9.1f}")
+    for name, peak in (("peak resident memory of the step", m["total_peak"]),
                        ("  the same with the whole logits held", whole["total_peak"])):
-        print(f"{name:<44}{peak / 2**20:>8.2f}{peak * 1024 / n:>9.1f}")
-    held = m["weights"] + m["grads_and_adamw"]
-    print(f"ratio held_bytes_per_param: {held * 1024 / n:.1f} (weights, gradients and AdamW; 16 is float32's floor)")
+        print(f"{name:<48}{peak / 2**20:>8.2f}{peak * 1024 / n:>9.1f}")
+    state = m["weights"] + m["adamw"] + m["grads"]
+    print(f"ratio state_bytes_per_param: {state * 1024 / n:.1f} (weights, gradients and AdamW; float32's floor 16)")
+    floor = m["update_total"] - activations  # held state, imports and gradients: what the activations sit on
+    print(f"ratio peak_bytes_per_param less activations: {floor * 1024 / n:.1f} "
+          f"(the update's peak less its activations, imports included; goal <= 20)")
     print(f"ratio update_peak chunked/whole: {m['update_peak'] / whole['update_peak']:.3f}")
     print(f"ratio total_peak chunked/whole: {m['total_peak'] / whole['total_peak']:.3f}")
-
 
 if __name__ == "__main__":
     main()

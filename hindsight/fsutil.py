@@ -81,6 +81,14 @@ def _make_parent(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data), partial=lambda fh: fh.write(data[: len(data) // 2]))
+
+
+def atomic_write(path: Path, fill, partial=None) -> None:
+    """`path` written whole or not at all: `fill(fh)` writes into a temporary beside it, which is
+    synced and renamed over `path`. Streaming into the file (a `torch.save` of an optimizer's state)
+    holds no second copy of the content in memory, as building the bytes first would. `partial`:
+    what the disk-full fault writes before it fails (default: nothing)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
@@ -89,9 +97,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             _make_parent(path)
             with open(tmp, "wb") as fh:
                 if disk_full(path):
-                    fh.write(data[: len(data) // 2])
+                    if partial is not None:
+                        partial(fh)
                     raise enospc(tmp)
-                fh.write(data)
+                fill(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)

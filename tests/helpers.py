@@ -146,3 +146,16 @@ def stop_when_paused(marker: Path) -> None:
     import threading
 
     threading.Thread(target=lambda: os.kill(paused_pid(marker), signal.SIGSTOP), daemon=True).start()
+
+
+def grads_at_step(optimizer) -> dict:
+    """The gradients each parameter had when `optimizer` stepped (the update frees them right
+    after its step), by id(param), filled by a pre-step hook: the last step's, clipped."""
+    seen: dict = {}
+
+    def keep(opt, *_):
+        seen.clear()
+        seen.update({id(p): p.grad.clone() for group in opt.param_groups for p in group["params"] if p.grad is not None})
+
+    optimizer.register_step_pre_hook(keep)
+    return seen

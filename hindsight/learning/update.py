@@ -308,6 +308,7 @@ def _policy_step(model, optimizer, mb: Experience, parts: list[list[int]], total
     if health is not None:
         _healthy(health.before_step, optimizer, sums["loss"], float(grad_norm), model.parameters())
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # 4 bytes a parameter not held through sampling and scoring
     if health is not None:
         health.after_step(model.parameters())
     out = {k: v / max(totals.tokens, 1.0) for k, v in sums.items() if k != "loss"}
@@ -335,6 +336,7 @@ def _critic_step(critic, optimizer, mb: Experience, parts: list[list[int]], tota
     sums = share.total(sums)
     refuse_non_finite("critic", sums["critic/loss"], grad_norm, optimizer)
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     return {"critic/loss": sums["critic/loss"], "critic/grad_norm": float(grad_norm),
             "critic/value_clip_fraction": sums["clipped_tokens"] / max(totals.tokens, 1.0)}
 

@@ -20,6 +20,7 @@ version is moved under `corrupt/` and the newest intact one is used instead.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -31,7 +32,7 @@ import torch
 
 from hindsight.errors import CheckpointError
 from hindsight.faults import crash_point
-from hindsight.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, file_sha256, read_json
+from hindsight.fsutil import atomic_dir, atomic_write, atomic_write_json, file_sha256, read_json
 
 log = logging.getLogger("hindsight.state.checkpoint")
 _COMPONENTS = ("policy", "optimizer", "rng", "critic", "critic_optimizer", "learner_state")
@@ -173,11 +174,9 @@ class CheckpointManager:
         optimizer.load_state_dict(load_tensor_file(self.tensor_file(step, component)))
 
     def _save_tensor_file(self, path: Path, obj) -> None:
-        import io
-
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        atomic_write_bytes(path, buf.getvalue())
+        # streamed into the file: an optimizer's state (8 bytes a parameter for AdamW) built as
+        # bytes first was two more copies of it in memory, the run's peak at each checkpoint
+        atomic_write(path, lambda fh: torch.save(obj, fh))
 
     def _retain(self, newest: int) -> None:
         """Keep the last `keep_last` versions; the newest (what a resume needs) is never deleted."""
@@ -204,23 +203,41 @@ def load_tensor_file(path: str | Path):
 
 def require_healthy(folder, stage: str, max_abs: float) -> None:
     """Every tensor of the folder's safetensors files is finite and within +-`max_abs`
-    (`model.max_weight_abs`), read one tensor at a time; else a `NonFiniteError` naming the file
-    and tensor: a model whose training diverged, to NaN or to 1e30, is never registered."""
-    from safetensors import safe_open
-
+    (`model.max_weight_abs`), read a chunk at a time (`float_chunks`); else a `NonFiniteError`
+    naming the file and tensor: a model whose training diverged, to NaN or to 1e30, is never
+    registered."""
     from hindsight.errors import NonFiniteError
 
     for path in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                tensor = f.get_tensor(name)
-                if not tensor.is_floating_point():
-                    continue
-                if not bool(torch.isfinite(tensor).all()):
-                    raise NonFiniteError(f"stage {stage}: {path.name} holds non-finite weights ({name}): the training "
-                                         f"diverged, so nothing is registered; lower the stage's lr and rerun")
-                peak = float(tensor.abs().max()) if tensor.numel() else 0.0
-                if peak > max_abs:
-                    raise NonFiniteError(f"stage {stage}: {path.name} holds a weight of {peak:.3g} ({name}), beyond "
-                                         f"model.max_weight_abs {max_abs:g}: the training diverged, so nothing is "
-                                         f"registered; lower the stage's lr and rerun")
+        for name, values in float_chunks(path):
+            if not bool(torch.isfinite(values).all()):
+                raise NonFiniteError(f"stage {stage}: {path.name} holds non-finite weights ({name}): the training "
+                                     f"diverged, so nothing is registered; lower the stage's lr and rerun")
+            peak = float(values.abs().max()) if values.numel() else 0.0
+            if peak > max_abs:
+                raise NonFiniteError(f"stage {stage}: {path.name} holds a weight of {peak:.3g} ({name}), beyond "
+                                     f"model.max_weight_abs {max_abs:g}: the training diverged, so nothing is "
+                                     f"registered; lower the stage's lr and rerun")
+
+
+_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def float_chunks(path: Path, chunk_bytes: int = 64 << 20):
+    """(name, values) of each floating tensor of a safetensors file, at most `chunk_bytes` at a time,
+    read with plain file reads: the pages of a mapped file (safetensors' `safe_open`) count in the
+    process's resident set as it reads them, a whole model's worth at the end of a run."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header, base = json.loads(f.read(n)), 8 + n
+        for name, info in header.items():
+            dtype = _FLOATS.get(info.get("dtype")) if name != "__metadata__" else None
+            if dtype is None:
+                continue
+            size = dtype.itemsize
+            begin, end = info["data_offsets"]
+            for at in range(begin, end, chunk_bytes // size * size):
+                f.seek(base + at)
+                values = torch.frombuffer(bytearray(f.read(min(chunk_bytes // size * size, end - at))), dtype=dtype)
+                yield name, values.float() if size == 1 else values  # float8: no isfinite of its own

@@ -118,7 +118,7 @@ def test_a_dead_sampler_is_replaced_and_past_the_limit_fails_naming_its_log(tiny
     from hindsight.errors import StageError
 
     work, init = tiny_init
-    weights, run, _ = _train(work, init, tmp_path / "run",
+    weights, run, _ = _train(work, init, tmp_path / "run", stall_min_s=SLOW_MACHINE_S,
                              before_step=lambda run, step: step == 1 and run.pool.sampler.proc.kill())
     _same_run(clean, weights, run)
     assert run.pool.replaced == 1

@@ -19,6 +19,8 @@ from hindsight.models.load import load_causal_lm, load_reward_model, load_tokeni
 from hindsight.models.tiny import build_tiny_model
 from hindsight.rollout.hf import sample_groups
 
+from helpers import grads_at_step
+
 PROMPTS = ["Ann has 40 pens and gets 13 more.", "Bob has 10 cats", "Cal finds 7 more keys now? A:", "Dee"]
 
 
@@ -68,6 +70,9 @@ def _train(path, pad_id, exp, algorithm, agg, budget, mini=None, lr=1e-4, packin
                         packing=packing,
                         loss=Objective.named(AGGREGATION_LOSS.get(agg, agg), kl_coef=0.05,
                                              max_len=exp.completion_ids.size(1), entropy_coef=0.01, **objective))
+    model.step_grads = grads_at_step(opt)  # the update frees its gradients after the step
+    if critic is not None:
+        critic.step_grads = grads_at_step(critic_opt)
     metrics = update(model, opt, _double(exp), s, critic, critic_opt)
     return model, critic, metrics
 
@@ -76,7 +81,8 @@ def _assert_same(a, b, atol=1e-6):
     """The parameters after the step, and the step's (last mini-batch's, clipped) gradients."""
     for (name, x), y in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(x, y, atol=atol), f"{name}: max |diff| {(x - y).abs().max():.2e}"
-        assert torch.allclose(x.grad, y.grad, atol=1e-7), f"{name} grad: max |diff| {(x.grad - y.grad).abs().max():.2e}"
+        gx, gy = a.step_grads[id(x)], b.step_grads[id(y)]
+        assert torch.allclose(gx, gy, atol=1e-7), f"{name} grad: max |diff| {(gx - gy).abs().max():.2e}"
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
