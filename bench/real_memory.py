@@ -15,7 +15,8 @@ so their pages count when first touched), and after a first update (the weights 
 AdamW's two moments allocated, as a run holds them; the gradients are freed after each optimizer
 step, so they are not held between updates); then the peak above that of sampling a step (as the
 engine samples: the KV cache and the decode's logits, and any sampling copy) and of one update
-on it (the gradients, 4 bytes a parameter, and the micro-batches' logits and activations), each peak reset just before (/proc/self/clear_refs).
+on it (the gradients, 4 bytes a parameter, and the micro-batches' logits and activations), each
+peak reset just before (/proc/self/clear_refs).
 Freed tensors go back to the system at once (MALLOC, as in bench/learner_memory.py), so a peak
 is what the tensors needed. Prints each item in GB and in bytes per parameter, the whole peak per
 parameter, and that peak less the update's activations (the goal: at most 20 bytes a parameter).
