@@ -58,6 +58,9 @@ def _cfg(work, run_dir, **workers) -> dict:
 def _remove_when_paused(cluster, run, marker, removed: list) -> None:
     """Wait for the paused worker's pid, then remove the node its actor lives on."""
     pid = str(paused_pid(marker))
+    # the survivor has no CPU free, so the lost worker's replacement cannot be placed: waiting the
+    # start-up's long timeout for it would only slow the test (the outcome is the same)
+    run.pool.rollout.placement_s = 10
     host = next(h for h in run.pool.rollout.hosts.values() if h.split(":")[1] == pid)
     node = next(n for n in cluster.worker_nodes if n.node_id == host.split(":")[2])
     cluster.remove_node(node, allow_graceful=False)
@@ -73,7 +76,8 @@ def test_a_node_removed_mid_step_then_one_added_loses_nothing(tiny_init, referen
     cluster.add_node(num_cpus=1)
     marker = tmp_path / "paused"  # group 1 of step 1 is written, then its worker stops: mid-lease
     monkeypatch.setenv("HINDSIGHT_FAULT", f"pause:rollout-group1:1:{marker}")
-    workers = {"placement": "ray", "ray_address": cluster.address, "rollout": 2, "placement_timeout_s": 10,
+    # an actor's start-up (a fresh worker process importing torch) took over 10 s on a loaded CI machine
+    workers = {"placement": "ray", "ray_address": cluster.address, "rollout": 2, "placement_timeout_s": 60,
                "resources": {"rollout": {"num_cpus": 1}, "scorer": {"num_cpus": 0}}}
     run = RLRun(PipelineConfig.model_validate(_cfg(work, tmp_path / "run", **workers)), init, None)
     nodes_used, removed = [], []
@@ -83,6 +87,7 @@ def test_a_node_removed_mid_step_then_one_added_loses_nothing(tiny_init, referen
         for step in range(STEPS):
             if step == 3:  # a fresh node, then a request for a second worker again
                 cluster.add_node(num_cpus=1)
+                run.pool.rollout.placement_s = 60  # this one is placed: give its start-up the time
                 (run.dir / "scale.json").write_text(json.dumps({"rollout": 2}))
             run.rollout(step), run.score(step), run.update(step)
             nodes_used.append({e.worker for e in run.ledger.read(step).values()})
