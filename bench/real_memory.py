@@ -10,13 +10,14 @@ positions at a time through the output layer (`hindsight.maths.logprobs.LOGIT_CH
 and with the whole logits held (`LOGIT_CHUNK = 0`, as before), and prints the ratio of the two
 update peaks and of the two whole-process peaks.
 
-The resident memory after the imports, after the float32 weights load (safetensors are mapped,
-so their pages count when first touched), and after a first update (the weights touched and
-AdamW's two moments allocated, as a run holds them; the gradients are freed after each optimizer
-step, so they are not held between updates); then the peak above that of sampling a step (as the
-engine samples: the KV cache and the decode's logits, and any sampling copy) and of one update
-on it (the gradients, 4 bytes a parameter, and the micro-batches' logits and activations), each
-peak reset just before (/proc/self/clear_refs).
+The resident memory after the imports, after the tokenizer and the task's prompts (reasoning-gym
+and what it imports), after the float32 weights load (safetensors are mapped, so their pages
+count when first touched), and after a first update (the weights touched and AdamW's two moments
+allocated, as a run holds them; the gradients are freed after each optimizer step, so they are
+not held between updates); then the peak above that of sampling a step (as the engine samples:
+the KV cache, the decode's logits, the behaviour forward the recipe anchors on, and any sampling
+copy) and of one update on it (the gradients, 4 bytes a parameter, and the micro-batches' logits
+and activations), each peak reset just before (/proc/self/clear_refs).
 Freed tensors go back to the system at once (MALLOC, as in bench/learner_memory.py), so a peak
 is what the tensors needed. Prints each item in GB and in bytes per parameter, the whole peak per
 parameter, and that peak less the update's activations (the goal: at most 20 bytes a parameter).
@@ -71,12 +72,14 @@ def measure(chunk: int, copy: str | None) -> dict:
     rl = cfg.rl
     path = resolve_model_path(GGUF)
     out = {"imports": status_kb("VmRSS")}
-    model, tok = load_causal_lm(path, "float32"), load_tokenizer(path)
-    model.compute_dtype = torch.float32
-    out["weights"] = status_kb("VmRSS") - out["imports"]
-    out["params"] = sum(p.numel() for p in model.parameters())
-    rows = load_procedural(cfg.data.prompts.replace("size=4000", "size=64"))
+    tok = load_tokenizer(path)
+    rows = load_procedural(cfg.data.prompts.replace("size=4000", "size=64"))  # imports reasoning-gym
     prompts = [prompt_text(tok, as_chat(r, ("prompt",), cfg.data.system_prompt)["prompt"]) for r in rows]
+    out["task"] = status_kb("VmRSS") - out["imports"]
+    model = load_causal_lm(path, "float32")
+    model.compute_dtype = torch.float32
+    out["weights"] = status_kb("VmRSS") - out["imports"] - out["task"]
+    out["params"] = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=rl.learner.lr, weight_decay=0.0)
     settings = LearnerSettings(micro_batch_tokens=rl.learner.micro_batch_tokens,
                                loss=Objective(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
@@ -92,12 +95,15 @@ def measure(chunk: int, copy: str | None) -> dict:
         with copies.sampling(model) as built:
             yield built
 
+    # the anchor as the engine reads it (engines/hf.py): the recipe's behaviour forward; a copy's
+    # or `learner`'s log-probs read off the decode
+    anchor = "decode" if copies is not None or rl.rollout.logprobs == "learner" else rl.rollout.logprobs
+
     def sample(first: int):
-        with sampler() as sampling:  # as the recipe's engine samples (engines/hf.py)
+        with sampler() as sampling:
             exp = sample_groups(sampling, tok, prompts[first:first + rl.prompts_per_step],
                                 list(range(rl.prompts_per_step)), rl.samples_per_prompt, rl.rollout.max_new_tokens,
-                                temperature=rl.rollout.temperature, logprobs="decode",
-                                budget=rl.learner.micro_batch_tokens)
+                                temperature=rl.rollout.temperature, logprobs=anchor, budget=rl.forward_budget()[0])
         exp.rewards = torch.rand(len(exp))  # the update's memory does not depend on the scores' values
         return exp
 
@@ -109,7 +115,7 @@ def measure(chunk: int, copy: str | None) -> dict:
     exp = sample(8)
     out["sampling_peak"] = status_kb("VmHWM") - held
     sampled = status_kb("VmHWM")
-    out["completion_tokens"] = int(exp.completion_mask.sum())
+    out["completion_tokens"], out["anchor"] = int(exp.completion_mask.sum()), anchor
     held = reset_peak()
     metrics = update(model, opt, exp, settings)
     out["update_peak"] = status_kb("VmHWM") - held
@@ -140,28 +146,32 @@ def main() -> None:
     n = m["params"]
     print(f"SmolLM2-135M-Instruct: {n / 1e6:.1f} M parameters, float32; recipe step: "
           f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update; "
-          f"logits {LOGIT_CHUNK} positions at a time; sampling {copy or 'as the recipe says'}")
-    print(f"{'item':<48}{'GB':>8}{'B/param':>9}")
+          f"logits {LOGIT_CHUNK} positions at a time; sampling {copy or 'float32, as the recipe says'}, "
+          f"the anchor from {m['anchor']}")
+    print(f"{'item':<54}{'GB':>8}{'B/param':>9}")
     activations = m["update_peak"] - m["grads"]
     items = [("the process after imports (torch, transformers)", m["imports"]),
+             ("the tokenizer and the task (reasoning-gym's prompts)", m["task"]),
              ("weights read (safetensors mmap: paged in later)", m["weights"]),
              ("weights paged in + AdamW's two moments", m["adamw"]),
              ("reference model (rl.kl.coef 0: none)", 0),
-             ("sampling peak above that (KV cache, any copy)", m["sampling_peak"]),
+             ("sampling peak above that (KV cache, anchor, copy)", m["sampling_peak"]),
              ("update peak above that", m["update_peak"]),
              ("  of it: gradients (freed after the step)", m["grads"]),
              ("  of it: logits and activations", activations),
              ("  update peak with the whole logits held", whole["update_peak"])]
     for name, kb in items:
-        print(f"{name:<48}{kb / 2**20:>8.2f}{kb * 1024 / n:>9.1f}")
+        print(f"{name:<54}{kb / 2**20:>8.2f}{kb * 1024 / n:>9.1f}")
     for name, peak in (("peak resident memory of the step", m["total_peak"]),
                        ("  the same with the whole logits held", whole["total_peak"])):
-        print(f"{name:<48}{peak / 2**20:>8.2f}{peak * 1024 / n:>9.1f}")
+        print(f"{name:<54}{peak / 2**20:>8.2f}{peak * 1024 / n:>9.1f}")
     state = m["weights"] + m["adamw"] + m["grads"]
     print(f"ratio state_bytes_per_param: {state * 1024 / n:.1f} (weights, gradients and AdamW; float32's floor 16)")
     floor = m["update_total"] - activations  # held state, imports and gradients: what the activations sit on
     print(f"ratio peak_bytes_per_param less activations: {floor * 1024 / n:.1f} "
-          f"(the update's peak less its activations, imports included; goal <= 20)")
+          f"(the update's peak less its activations, imports and the task included; goal <= 20)")
+    fixed = m["imports"] + m["task"]  # the interpreter and its libraries: the same for any model size
+    print(f"ratio peak_bytes_per_param less activations and imports: {(floor - fixed) * 1024 / n:.1f}")
     print(f"ratio update_peak chunked/whole: {m['update_peak'] / whole['update_peak']:.3f}")
     print(f"ratio total_peak chunked/whole: {m['total_peak'] / whole['total_peak']:.3f}")
 

