@@ -7,6 +7,9 @@ progress count (groups written) with each. The coordinator reads both:
 - heartbeats, but no progress within the deadline of the work in hand (`work_deadline_s`: a
   floor plus seconds per token of its budget, so a long group is not taken for a hung one):
   the role is alive and hung (a stuck tool, a reward that never returns).
+Start-up is not work: a role's beats say `loading` until its model is built, and the deadline of
+the work in hand starts only then (a fresh sampler loading its model on a loaded machine is not
+hung); loading gets `rl.workers.placement_timeout_s` from the first heartbeat.
 Either way the coordinator writes a stall report (`rl/stalls/`: why, which role, and every
 thread's Python stack) and replaces the role; nothing it had written is lost, since a part on
 disk is whole and its group sealed.
@@ -54,25 +57,31 @@ class Liveness:
     start_s: float  # a role starting (importing torch, loading its model) is silent for up to this long
     beat_at: float = field(default_factory=time.monotonic)
     started: bool = False
+    ready: bool = False  # its model built: only then does the work in hand have a deadline
     progress_at: float = field(default_factory=time.monotonic)
     progress: int = -1
     created_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # its first heartbeat: started_at - created_at is its start-up
     served_at: float | None = None  # its first work done (model loaded, a first group written)
 
-    def heard(self, progress: int | None = None, now: float | None = None) -> None:
-        """A message from the role; `progress` (its count of work done) when it carries one."""
+    def heard(self, progress: int | None = None, now: float | None = None, loading: bool = False) -> None:
+        """A message from the role; `progress` (its count of work done) when it carries one;
+        `loading` while it still builds its model."""
         now = time.monotonic() if now is None else now
         if not self.started:
             self.started_at = now
         self.beat_at, self.started = now, True
+        if loading:
+            return
+        if not self.ready:  # the work handed over while it loaded starts its deadline now
+            self.ready, self.progress_at = True, max(self.progress_at, now)
         if progress is not None and progress != self.progress:
             if self.served_at is None and self.progress >= 0:
                 self.served_at = now
             self.progress, self.progress_at = progress, now
 
     def working(self, now: float | None = None) -> None:
-        """New work handed over: its deadline starts now."""
+        """New work handed over: its deadline starts now (or once the role is ready)."""
         self.progress_at = time.monotonic() if now is None else now
 
     def verdict(self, now: float | None = None) -> str | None:
@@ -86,6 +95,11 @@ class Liveness:
         if now - self.beat_at > self.silent_after_s:
             return (f"no heartbeat for {now - self.beat_at:.0f} s (rl.workers.silent_after_s {self.silent_after_s:g}): "
                     f"stopped or gone")
+        if not self.ready:
+            if now - self.started_at > self.start_s:
+                return (f"alive but its model not built within {self.start_s:g} s of its first heartbeat "
+                        f"(rl.workers.placement_timeout_s)")
+            return None
         if now - self.progress_at > self.deadline_s:
             return (f"alive but nothing written for {now - self.progress_at:.0f} s, past the deadline of the work in "
                     f"hand ({self.deadline_s:.0f} s: rl.workers.lease_ttl_s + lease_s_per_token x its tokens)")

@@ -110,7 +110,7 @@ class AsyncSampler:
     def _read(self) -> None:
         with os.fdopen(self._res_r, "rb") as fh:
             while (msg := recv(fh)) is not None:
-                self.liveness.heard(msg[0].get("progress"))
+                self.liveness.heard(msg[0].get("progress"), loading=msg[0].get("loading", False))
                 if msg[0]["kind"] != "beat":
                     self.results.put(msg[0])
 
@@ -217,7 +217,8 @@ def _beat(results, lock: threading.Lock, every_s: float, held: dict) -> None:
     while True:
         try:
             with lock:
-                send(results, {"kind": "beat", "progress": held["worker"].groups_written if held else 0})
+                beat = {"progress": held["worker"].groups_written} if held else {"loading": True}
+                send(results, {"kind": "beat", **beat})
         except (OSError, ValueError):  # the pipe closed: the sampler is stopping, or its coordinator is gone
             return
         time.sleep(every_s)
@@ -263,15 +264,16 @@ def serve(cmd_fd: int, res_fd: int) -> None:
                 return
             if header["kind"] == "start":
                 spec = SamplerSpec.from_json(header["spec"])
-                held: dict = {}  # the worker, once built: beats start before its model loads
+                held: dict = {}  # the worker, once it and its scorer are built: beats start before they load
                 threading.Thread(target=_beat, args=(results, lock, spec.rl.workers.heartbeat_s, held),
                                  daemon=True).start()
                 torch.set_num_threads(spec.threads)
-                worker = held["worker"] = RolloutWorker.from_paths("sampler", spec.policy_path, spec.dtype, spec.rl,
-                                                                   spec.seed, spec.store_root, spec.init_path)
+                worker = RolloutWorker.from_paths("sampler", spec.policy_path, spec.dtype, spec.rl,
+                                                  spec.seed, spec.store_root, spec.init_path)
                 worker.start_at(spec.version)
                 scorer = Scorer.from_paths("sampler-scorer", spec.rl, spec.init_path, spec.rm_path, spec.dtype,
                                            spec.store_root)
+                held["worker"] = worker  # ready: its beats now carry progress, and its work a deadline
             elif header["kind"] == "weights":
                 try:
                     ack = worker.receive(from_bytes(header, payload))

@@ -104,3 +104,22 @@ def test_liveness_tells_silent_from_alive_and_stuck():
     assert "alive but nothing written for 28 s" in life.verdict(now=89.0)
     life.heard(progress=1, now=89.5)
     assert life.verdict(now=90.0) is None
+
+
+def test_loading_a_model_is_start_up_and_the_deadline_starts_when_it_is_built():
+    workers = SimpleNamespace(lease_ttl_s=6.0, lease_s_per_token=0.0)
+    life = Liveness(silent_after_s=4.0, deadline_s=work_deadline_s(workers, 20), start_s=60.0, beat_at=0.0,
+                    progress_at=0.0)
+    life.working(now=1.0)  # a step handed over while the replacement still loads its model
+    for t in range(2, 40):
+        life.heard(now=float(t), loading=True)
+    assert life.verdict(now=40.0) is None  # 39 s past the hand-over, but loading is not hung
+    life.heard(progress=0, now=40.0)  # built: the work in hand's 6 s start now
+    life.heard(progress=0, now=43.0)
+    assert life.verdict(now=45.0) is None
+    life.heard(progress=0, now=46.5)
+    assert "alive but nothing written for 7 s" in life.verdict(now=47.0)
+    slow = Liveness(silent_after_s=4.0, deadline_s=6.0, start_s=60.0, beat_at=0.0, progress_at=0.0)
+    for t in range(1, 64):
+        slow.heard(now=float(t), loading=True)
+    assert "its model not built within 60 s" in slow.verdict(now=63.5)  # loading has its own limit
