@@ -3,7 +3,11 @@
 micro-batch budget, no reference model), measured in one fresh process. `--copy bfloat16` samples
 as `rl.rollout.hf.dtype: bfloat16` does: a bf16 copy of the policy built for the call.
 
-    python bench/real_memory.py [--copy bfloat16]
+    python bench/real_memory.py [--copy bfloat16] [--checkpointing true]
+
+`--checkpointing true` sets `model.gradient_checkpointing: true` (the recipe leaves it off; TRL's
+GRPOConfig turns it on by default): each decoder layer recomputed in the backward. The header
+prints the update's seconds, so the memory it saves is seen beside the time it costs.
 
 It runs the measurement twice, each in a fresh process: with the log-probs computed a chunk of
 positions at a time through the output layer (`hindsight.maths.logprobs.LOGIT_CHUNK`, the default),
@@ -29,6 +33,7 @@ from contextlib import contextmanager
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +54,7 @@ def reset_peak() -> int:
     return status_kb("VmRSS")
 
 
-def measure(chunk: int, copy: str | None) -> dict:
+def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
     import torch
 
     import hindsight.maths.logprobs
@@ -68,6 +73,7 @@ def measure(chunk: int, copy: str | None) -> dict:
     torch.manual_seed(0)
     hindsight.maths.logprobs.LOGIT_CHUNK = chunk
     overrides = [f"rl.rollout.hf.dtype={copy}"] if copy else []
+    overrides += [f"model.gradient_checkpointing={checkpointing}"] if checkpointing else []
     cfg = load_config(ROOT / "configs/examples/smollm2-reasoning.yaml", overrides)  # smoke: is a preset, not a key
     rl = cfg.rl
     path = resolve_model_path(GGUF)
@@ -78,6 +84,8 @@ def measure(chunk: int, copy: str | None) -> dict:
     out["task"] = status_kb("VmRSS") - out["imports"]
     model = load_causal_lm(path, "float32")
     model.compute_dtype = torch.float32
+    if cfg.model.gradient_checkpointing:  # as the learner's build (hindsight/learning/build.py) turns it on
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     out["weights"] = status_kb("VmRSS") - out["imports"] - out["task"]
     out["params"] = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=rl.learner.lr, weight_decay=0.0)
@@ -116,8 +124,11 @@ def measure(chunk: int, copy: str | None) -> dict:
     out["sampling_peak"] = status_kb("VmHWM") - held
     sampled = status_kb("VmHWM")
     out["completion_tokens"], out["anchor"] = int(exp.completion_mask.sum()), anchor
+    out["checkpointing"] = cfg.model.gradient_checkpointing
     held = reset_peak()
+    t = time.perf_counter()
     metrics = update(model, opt, exp, settings)
+    out["update_s"] = time.perf_counter() - t
     out["update_peak"] = status_kb("VmHWM") - held
     out["grads"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) // 1024
     out["micro_batches"] = metrics["learn/micro_batches"]
@@ -126,8 +137,9 @@ def measure(chunk: int, copy: str | None) -> dict:
     return out
 
 
-def run_child(chunk: int, copy: str | None) -> dict:
-    res = subprocess.run([sys.executable, __file__, "--one", str(chunk), *(["--copy", copy] if copy else [])],
+def run_child(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
+    res = subprocess.run([sys.executable, __file__, "--one", str(chunk), *(["--copy", copy] if copy else []),
+                          *(["--checkpointing", checkpointing] if checkpointing else [])],
                          env={**os.environ, **MALLOC},
                          capture_output=True, text=True)
     if res.returncode:
@@ -137,17 +149,19 @@ def run_child(chunk: int, copy: str | None) -> dict:
 
 def main() -> None:
     copy = sys.argv[sys.argv.index("--copy") + 1] if "--copy" in sys.argv else None
+    ckpt = sys.argv[sys.argv.index("--checkpointing") + 1] if "--checkpointing" in sys.argv else None
     if "--one" in sys.argv:
-        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]), copy)))
+        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]), copy, ckpt)))
         return
     from hindsight.maths.logprobs import LOGIT_CHUNK
 
-    m, whole = run_child(LOGIT_CHUNK, copy), run_child(0, copy)
+    m, whole = run_child(LOGIT_CHUNK, copy, ckpt), run_child(0, copy, ckpt)
     n = m["params"]
     print(f"SmolLM2-135M-Instruct: {n / 1e6:.1f} M parameters, float32; recipe step: "
           f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update; "
           f"logits {LOGIT_CHUNK} positions at a time; sampling {copy or 'float32, as the recipe says'}, "
-          f"the anchor from {m['anchor']}")
+          f"the anchor from {m['anchor']}; model.gradient_checkpointing {m['checkpointing']}; "
+          f"the update took {m['update_s']:.1f} s")
     print(f"{'item':<54}{'GB':>8}{'B/param':>9}")
     activations = m["update_peak"] - m["grads"]
     items = [("the process after imports (torch, transformers)", m["imports"]),

