@@ -62,9 +62,10 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
     from hindsight.config import load_config
     from hindsight.data.chat import as_chat, prompt_text
     from hindsight.data.procedural import load_procedural
+    from hindsight.learning.build import build_optimizer, build_policy
     from hindsight.learning.losses.objective import Objective
     from hindsight.learning.update import LearnerSettings, update
-    from hindsight.models.load import load_causal_lm, load_tokenizer, resolve_model_path
+    from hindsight.models.load import load_tokenizer, resolve_model_path
     from hindsight.rollout.engines.hf import copy_dtype
     from hindsight.rollout.hf import sample_groups
     from hindsight.rollout.sampling_copy import SamplingCopy
@@ -82,13 +83,10 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
     rows = load_procedural(cfg.data.prompts.replace("size=4000", "size=64"))  # imports reasoning-gym
     prompts = [prompt_text(tok, as_chat(r, ("prompt",), cfg.data.system_prompt)["prompt"]) for r in rows]
     out["task"] = status_kb("VmRSS") - out["imports"]
-    model = load_causal_lm(path, "float32")
-    model.compute_dtype = torch.float32
-    if cfg.model.gradient_checkpointing:  # as the learner's build (hindsight/learning/build.py) turns it on
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model = build_policy(path, cfg.model, rl)  # as a learner builds it: float32, checkpointing as configured
     out["weights"] = status_kb("VmRSS") - out["imports"] - out["task"]
     out["params"] = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=rl.learner.lr, weight_decay=0.0)
+    opt = build_optimizer(model, rl.learner.lr)
     settings = LearnerSettings(micro_batch_tokens=rl.learner.micro_batch_tokens,
                                loss=Objective(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
 
