@@ -14,8 +14,8 @@ and the task's own scorer as the reward. Both sides get the recipe's memory budg
 whole step is one optimizer step): the most rows that divide the step and fit the budget at the
 prompt's and completion's full width. Both get the same activation checkpointing,
 `--checkpointing` (the recipe's `model.gradient_checkpointing`, off; TRL's GRPOConfig turns it on
-unless told, which left TRL the memory of a recomputed backward and the time it costs in earlier
-runs of this bench: TRL is told here). hindsight samples a bf16 copy of the policy, an opt-in
+unless told, trading a recomputed backward's time for its memory, so TRL is told). hindsight
+samples a bf16 copy of the policy, an opt-in
 (`rl.rollout.hf.dtype: bfloat16`; the recipe itself samples float32), its gap to the float32
 learner corrected by TRL's default (sequence mask at 3), the anchor the update's own forward
 (`rl.rollout.logprobs: learner`, as TRL with one iteration computes no old log-probs);
