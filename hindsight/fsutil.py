@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -49,8 +50,16 @@ def _waiting_for_space(write, path: Path):
         waited, pause = waited + min(pause, limit - waited), min(pause * 2, 5.0)
 
 
-# what the atomic writes below name their temporaries: `.NAME.tmp-PID`
-TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)$")
+# what the atomic writes below name their temporaries: `.NAME.tmp-PID-THREAD` (older ones:
+# `.NAME.tmp-PID`). The thread is in the name because two threads of one process may write one
+# file at once (the spool's first op from two tracking threads): with one shared temporary, one
+# thread's rename takes the other's file away mid-write.
+TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)(?:-\d+)?$")
+
+
+def temporary_for(path: Path) -> Path:
+    """The temporary an atomic write of `path` fills, this process's and this thread's own."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
 
 
 def remove_dead_temporaries(folder: Path) -> None:
@@ -90,7 +99,7 @@ def atomic_write(path: Path, fill, partial=None) -> None:
     holds no second copy of the content in memory, as building the bytes first would. `partial`:
     what the disk-full fault writes before it fails (default: nothing)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_for(path)
 
     def write() -> None:
         try:
@@ -123,7 +132,7 @@ def atomic_write_json(path: Path, obj) -> None:
 def atomic_dir(final: Path, fill) -> Path:
     """Build a folder under a temporary name with `fill(tmp_path)`, then rename it into place."""
     final = Path(final)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = temporary_for(final)
 
     def write() -> None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,6 +37,9 @@ def unreachable(exc: BaseException) -> bool:
         "Connection broken", "IncompleteRead", "ChunkedEncodingError"))
 
 
+_ADDING = threading.Lock()
+
+
 class Spool:
     def __init__(self, run_dir: str | Path):
         # absolute: a spooled path must name its file from wherever `hindsight sync` runs, and
@@ -47,6 +50,12 @@ class Spool:
         self.registered = self.dir / "registered.json"  # run_id -> version, for registrations replayed
 
     def add(self, op: str, uri: str, run_id: str, **payload) -> None:
+        # several tracking threads spool at once when the server goes down (metrics, traces,
+        # artifacts): one at a time, so the folder is recorded once and no line interleaves another
+        with _ADDING:
+            self._add(op, uri, run_id, **payload)
+
+    def _add(self, op: str, uri: str, run_id: str, **payload) -> None:
         if not self.dir.exists():
             RunDir(self.dir.parent).record(self.dir.name)
         if op == "artifact":  # a copy: the file may be rewritten before it is sent
