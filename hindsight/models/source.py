@@ -42,12 +42,14 @@ def resolve_model_source(name_or_path: str, cache_dir: str | Path = MODEL_CACHE,
 
 
 def _build_once(build, target: Path) -> None:
-    """Build into a folder of this process's own, then rename it into place: processes that
-    resolve the same `tiny://` at once (a sweep's trials) never see or write a half-built folder."""
+    """Build into a folder of this process's and thread's own, then rename it into place: processes
+    that resolve the same `tiny://` at once (a sweep's trials) never see or write a half-built folder."""
     import os
     import shutil
 
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    from hindsight.fsutil import temporary_for
+
+    tmp = temporary_for(target)
     shutil.rmtree(tmp, ignore_errors=True)
     build(tmp)
     try:
