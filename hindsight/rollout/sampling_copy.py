@@ -19,10 +19,12 @@ Anywhere else (a GPU, another CPU) the copy is a plain cast.
 from __future__ import annotations
 
 import copy
+import logging
 from contextlib import contextmanager
 
 import torch
 
+log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16}
 DECODE_ROWS = 16
 
@@ -98,12 +100,24 @@ class SamplingCopy:
 
     def __init__(self, dtype: str):
         self.dtype = DTYPES[dtype]
+        self.warned = False
 
     @contextmanager
     def sampling(self, policy):
         """The copy of `policy`'s current weights, for one sampling call; freed afterwards."""
+        self.warn_if_slow(next(policy.parameters()).device)
         model = build_copy(policy, self.dtype)
         try:
             yield model
         finally:
             del model
+
+    def warn_if_slow(self, device: torch.device) -> None:
+        """Once: a CPU without bf16 matrix units (AVX2 only) emulates bf16 matmuls, and the copy
+        then decodes slower than float32 (0.46x on SmolLM2 on an AVX2 EPYC, docs/benchmarks.md)."""
+        if self.warned or device.type != "cpu" or packs_linears(self.dtype, device):
+            return
+        self.warned = True
+        log.warning("rl.rollout.hf.dtype: bfloat16 on a CPU without bf16 matrix support (%s, no oneDNN bf16): "
+                    "bf16 matmuls are emulated here and the copy samples slower than float32; leave "
+                    "rl.rollout.hf.dtype unset on this machine", torch.backends.cpu.get_cpu_capability())

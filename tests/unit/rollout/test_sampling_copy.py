@@ -72,6 +72,27 @@ def test_bf16_sampling_is_bit_reproducible_for_a_seed(tiny):
     assert not torch.equal(a.completion_ids, other.completion_ids[:, :a.completion_ids.size(1)])
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_a_cpu_that_emulates_bf16_is_warned_of_once(tiny, native, monkeypatch, caplog):
+    """Without bf16 matrix units (an AVX2 CPU) the copy decodes slower than float32: one warning
+    that names the setting, at the first call; none where oneDNN does bf16."""
+    from hindsight.rollout import sampling_copy
+
+    path, _ = tiny
+    policy = load_causal_lm(path)
+    monkeypatch.setattr(sampling_copy, "_PACKS", native)
+    copy = SamplingCopy("bfloat16")
+    with caplog.at_level("WARNING", logger=sampling_copy.__name__):
+        for _ in range(2):
+            if native:  # the check alone: a prepacked build needs a CPU that has it
+                copy.warn_if_slow(torch.device("cpu"))
+            else:
+                with copy.sampling(policy):
+                    pass
+    warned = [r.getMessage() for r in caplog.records if "rl.rollout.hf.dtype" in r.getMessage()]
+    assert len(warned) == (0 if native else 1), warned
+
+
 def test_each_call_samples_the_current_weights_and_keeps_no_copy(tiny):
     path, tok = tiny
     policy = load_causal_lm(path)
