@@ -24,6 +24,15 @@ def test_gumbel_max_samples_the_tempered_softmax():
     assert torch.allclose(freq, expected, atol=0.01), (freq, expected)
 
 
+def test_the_noise_is_each_groups_own_draw_bit_for_bit():
+    """The in-place noise is the plain formula's bits: group i's rows are `torch.rand` from its own
+    generator, then -log(-log u), so a seed's samples stay what they were."""
+    noise = gumbel_noise([torch.Generator().manual_seed(s) for s in (3, 4, 5)], 2, 300)        # (6, V)
+    plain = torch.cat([torch.rand((2, 300), generator=torch.Generator().manual_seed(s)) for s in (3, 4, 5)])
+    assert torch.equal(noise, -torch.log(-torch.log(plain.clamp(1e-10, 1.0 - 1e-7))))
+    assert not torch.equal(noise[:2], noise[2:4])  # each group its own stream
+
+
 def test_top_p_keeps_the_nucleus_and_renormalises_inside_it():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = nucleus_logits(logits, 0.7)  # 0.5 + 0.3 reach 0.7: the first two tokens
