@@ -20,8 +20,9 @@ from hindsight.rollout.engines.base import Engine, EngineSettings, register
 class HFSettings(EngineSettings):
     dtype: Literal["policy", "bfloat16"] = Field(
         "policy", description="policy: sample the policy itself; bfloat16: sample a bf16 copy of it (half the bytes "
-                              "a decode step reads; on a CPU with bf16 matrix units, faster matmuls), its gap to "
-                              "the float32 learner logged and corrected (rl.learner.correction)")
+                              "a decode step reads; on a CPU with bf16 matrix units, faster matmuls; on one without, "
+                              "emulated and slower, which it warns of), its gap to the float32 learner logged and "
+                              "corrected (rl.learner.correction)")
 
 
 @register
