@@ -31,10 +31,16 @@ def test_threads_writing_one_file_at_once_never_fail(tmp_path):
 
 
 def test_a_threads_temporary_is_its_own_and_a_dead_ones_is_swept(tmp_path):
-    names = []
-    threads = [threading.Thread(target=lambda: names.append(temporary_for(tmp_path / "f").name)) for _ in range(2)]
+    names, alive = [], threading.Barrier(2)
+
+    def name_it() -> None:
+        names.append(temporary_for(tmp_path / "f").name)
+        alive.wait()  # both alive at once: a finished thread's ident may be handed to the next
+
+    threads = [threading.Thread(target=name_it) for _ in range(2)]
     for t in threads:
         t.start()
+    for t in threads:
         t.join()
     assert len(set(names)) == 2 and all(TEMPORARY.match(n) for n in names)
 
