@@ -8,6 +8,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hindsight.maths.experience import Experience, lengths, micro_batches, trimmed
+from hindsight.maths.group_packing import as_mask, attention_form, completion_lengths, layout, worth_it
 from hindsight.maths.packing import pack, unpack, worth_packing
 
 
@@ -19,6 +20,10 @@ COLLECTIVE_FORWARD = "_hindsight_collective_forward"
 # 0.2 GB in float32, where a 2,048-token micro-batch's whole logits were 0.4 GB a copy; 0: whole
 LOGIT_CHUNK = 1024
 _CHUNK_EXACT = "_hindsight_chunk_exact"  # a model's `_chunk_exact` verdict, found once
+_LAYER_COST = "_hindsight_layer_cost"    # a model's `_layer_cost`, counted once
+# the shared-prompt forward runs a group's completions packed after its prompt where that costs
+# less (`hindsight.maths.group_packing`); False: always padded rows (for comparisons)
+GROUP_PACKING = True
 
 
 def compute_autocast(model):
@@ -235,6 +240,8 @@ def packs(model, attention_mask: torch.Tensor, n_completion: int, group_size: in
     if packing != "auto":
         return packing == "on"
     shared = can_share_prompts(model, input_ids, attention_mask, n_completion, group_size)
+    if shared and packs_groups(model, attention_mask, n_completion, group_size):
+        return False  # the shared prompt once and the completions packed: fewer tokens than rows packed
     return worth_packing(attention_mask, n_completion, group_size if shared else None)
 
 
@@ -277,6 +284,7 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     if not can_share_prompts(model, input_ids, attention_mask, n_completion, group_size):
         return token_logprobs(model, input_ids, attention_mask, n_completion, temperature, with_entropy, entropy_grad)
     dev = model_device(model)
+    packed = _group_packed(model, input_ids, attention_mask, n_completion, group_size)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     p = input_ids.size(1) - n_completion
     prompt, pmask = input_ids[::group_size, :p], attention_mask[::group_size, :p]            # (B/G, P)
@@ -284,6 +292,9 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
         out = model(input_ids=prompt, attention_mask=pmask, position_ids=position_ids(pmask), use_cache=True,
                     **keep_logits(model, 1))
         cache = output_cache(out)
+        if packed is not None:
+            return _packed_completions(model, head, packed, out.logits[:, -1], cache, input_ids[:, p:], group_size,
+                                       temperature, with_entropy, entropy_grad)
         cache.batch_repeat_interleave(group_size)                                             # (B, ...) per layer
         first = out.logits[:, -1:].repeat_interleave(group_size, 0)                           # (B, 1, V)
         logits = first                                                                        # (B, 1, V)
@@ -293,6 +304,67 @@ def group_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
                          position_ids=pos[:, p:-1], **cache_kwargs(model, cache)).logits      # (B, T-1, V)
             logits = torch.cat([first, rest], dim=1)                                          # (B, T, V)
     return _stats(model, head, logits, input_ids[:, p:], temperature, with_entropy, entropy_grad)
+
+
+def _group_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
+                  group_size: int):
+    """(the mask form, `group_packing.layout`) where each group's completions run packed after
+    its prompt (`hindsight.maths.group_packing`); else None."""
+    form = packs_groups(model, attention_mask, n_completion, group_size)
+    if form is None:
+        return None
+    lengths = completion_lengths(attention_mask, n_completion).cpu()
+    return form, layout(input_ids.cpu(), attention_mask.cpu(), n_completion, group_size, lengths)
+
+
+def packs_groups(model, attention_mask: torch.Tensor, n_completion: int, group_size: int) -> str | None:
+    """The 4-D mask form where the shared-prompt forward packs each group's completions (the
+    model takes such a mask, the completions are right-padded, and packed costs less), else None."""
+    form = attention_form(_innermost(model).config) if GROUP_PACKING else None
+    lengths = completion_lengths(attention_mask, n_completion) if form else None
+    if lengths is None or not worth_it(lengths.cpu(), attention_mask.size(1) - n_completion, n_completion,
+                                       group_size, *_layer_cost(model)):
+        return None
+    return form
+
+
+def _packed_completions(model, head, packed, last, cache, completions: torch.Tensor, group_size: int,
+                        temperature: float, with_entropy: bool, entropy_grad: bool):
+    """logp and entropy (B, T) from the prompts' last outputs `last` (B/G, X) and their `cache`:
+    each group's completions run end to end after its cache, under the layout's 4-D mask."""
+    form, gp = packed
+    gp = gp.to(last.device)
+    b, t = completions.shape
+    x, targets = last.repeat_interleave(group_size, 0), completions[:, 0]                    # (B, X), (B,)
+    if gp.kept.numel():
+        mask = as_mask(gp.allowed, form, last.dtype)                                          # (B/G, 1, S, P+S)
+        rest = model(input_ids=gp.input_ids, attention_mask=mask, position_ids=gp.position_ids,
+                     **cache_kwargs(model, cache)).logits                                     # (B/G, S, X)
+        x = torch.cat([x, rest.reshape(-1, rest.size(-1))[gp.kept]])                          # (B + M, X)
+        targets = torch.cat([targets, completions[gp.rows, gp.cols]])                         # (B + M,)
+    logp, entropy = _stats(model, head, x.unsqueeze(0), targets.unsqueeze(0), temperature, with_entropy,
+                           entropy_grad)                                                      # (1, B + M)
+    rows = torch.cat([torch.arange(b, device=x.device), gp.rows])                             # (B + M,)
+    cols = torch.cat([torch.zeros(b, dtype=torch.long, device=x.device), gp.cols])            # (B + M,)
+
+    def spread(v: torch.Tensor) -> torch.Tensor:                                              # (1, B + M) -> (B, T)
+        return torch.zeros((b, t), dtype=v.dtype, device=v.device).index_put((rows, cols), v[0])
+
+    return spread(logp), None if entropy is None else spread(entropy)
+
+
+def _layer_cost(model) -> tuple[int, float]:
+    """(hidden size, parameters a decoder layer) for `group_packing.worth_it`, counted once."""
+    inner = _innermost(model)
+    known = getattr(inner, _LAYER_COST, None)
+    if known is None:
+        config = inner.config
+        heads = {id(p) for m in (inner.get_input_embeddings(), inner.get_output_embeddings()) if m is not None
+                 for p in m.parameters()}
+        body = sum(p.numel() for p in inner.parameters() if id(p) not in heads)
+        known = (int(config.hidden_size), body / max(int(config.num_hidden_layers), 1))
+        object.__setattr__(inner, _LAYER_COST, known)
+    return known
 
 
 def checkpointing(model) -> bool:
