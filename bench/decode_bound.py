@@ -15,7 +15,9 @@ the same against the GEMM floor (the weights' matmuls alone at the batch's rows,
 dtype and layout: on a few CPU cores compute, not bandwidth, binds), and what the loop's time goes
 to: the model's forwards at the same positions, and the rest (Gumbel noise, the pick, masks and
 Python), measured by running the forwards alone. For the float32 policy it also times the decode
-with transformers' concatenating KV cache (the loop before `hf._Preallocated`). The copy's time
+with transformers' concatenating KV cache (the loop before `hf._Preallocated`) and with F.linear
+instead of the prepacked linears (the loop before `rollout.prepacked`), and prints the GEMM floor
+both ways. The copy's time
 includes building it, once a sampling call as the engine does.
 """
 from __future__ import annotations
@@ -68,7 +70,7 @@ def weight_bytes(model) -> int:
     return total
 
 
-def timed_decode(model, tok, prompts, a, seed: int, preallocated: bool = True):
+def timed_decode(model, tok, prompts, a, seed: int, preallocated: bool = True, prepack: bool = True):
     """(decode steps, seconds) of one sampler decode, and the decode's own inputs for the replay."""
     import torch
 
@@ -83,7 +85,7 @@ def timed_decode(model, tok, prompts, a, seed: int, preallocated: bool = True):
     t = time.perf_counter()
     stops = [] if a.full else end_token_ids(tok, model)  # none: every decode runs --new-tokens positions
     completion, _, _ = decode(model, ids, mask, gens, a.samples, a.new_tokens, 1.0, 1.0, stops, tok.pad_token_id,
-                              preallocated=preallocated)
+                              preallocated=preallocated, prepack=prepack)
     return completion.shape[1], time.perf_counter() - t, ids, mask, completion
 
 
@@ -95,8 +97,9 @@ def forwards_only(model, ids, mask, completion, group_size: int) -> tuple[float,
 
     from hindsight.maths.logprobs import cache_kwargs, output_cache, position_ids
     from hindsight.rollout.hf import preallocate
+    from hindsight.rollout.prepacked import prepacked_linears
 
-    with torch.no_grad():
+    with torch.no_grad(), prepacked_linears(model):  # the decode's own linears, packed before the clock starts
         t = time.perf_counter()
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True)
         cache = output_cache(out)
@@ -113,14 +116,16 @@ def forwards_only(model, ids, mask, completion, group_size: int) -> tuple[float,
         return prefill, time.perf_counter() - t - prefill
 
 
-def matmul_floor_s(rows: int, wbytes: int, hidden: int, copy: bool, rounds: int = 5) -> float:
+def matmul_floor_s(rows: int, wbytes: int, hidden: int, copy: bool, rounds: int = 5, packed: bool = True) -> float:
     """Seconds to push `rows` rows through `wbytes` of weights in (4 hidden, hidden) linear layers,
     the best of `rounds`: what one decode step costs this machine's GEMM at the model's size, with
     no attention, cache or Python in it (the bound the machine itself sets, where compute, not
-    bandwidth, may be what binds). float32 as the policy's F.linear runs them, or with `copy`, the
-    sampling copy's layers (bf16, prepacked where oneDNN can)."""
+    bandwidth, may be what binds). float32 as the policy's decode runs them (prepacked where
+    oneDNN can, `rollout.prepacked`; `packed=False`: F.linear), or with `copy`, the sampling
+    copy's layers (bf16, prepacked where oneDNN can)."""
     import torch
 
+    from hindsight.rollout.prepacked import works_here
     from hindsight.rollout.sampling_copy import PackedLinear, packs_linears
 
     dtype = torch.bfloat16 if copy else torch.float32
@@ -128,6 +133,8 @@ def matmul_floor_s(rows: int, wbytes: int, hidden: int, copy: bool, rounds: int 
     weights = [torch.randn(4 * hidden, hidden) for _ in range(max(1, wbytes // per))]   # each (4H, H)
     if copy and packs_linears(dtype, torch.device("cpu")):
         layers = [PackedLinear(w, None) for w in weights]
+    elif not copy and packed and works_here():
+        layers = [PackedLinear(w, None, torch.float32) for w in weights]
     else:
         weights = [w.to(dtype) for w in weights]
         layers = [partial(torch.nn.functional.linear, weight=w) for w in weights]
@@ -150,7 +157,9 @@ def measure(model, tok, prompts, a, copy: bool) -> dict:
     def sampler():  # the engine builds the copy once a sampling call: counted in
         return build_copy(model, torch.bfloat16) if copy else model
 
-    runs, grown, builds = [], [], []
+    from hindsight.rollout.prepacked import prepacked_linears
+
+    runs, grown, plain, builds, packs = [], [], [], [], []
     timed_decode(sampler(), tok, prompts, a, seed=999)  # warm-up: allocator, kernels
     for r in range(a.rounds):  # the decode, its forwards alone, and the decode with a growing cache, alternated
         t = time.perf_counter()
@@ -163,10 +172,16 @@ def measure(model, tok, prompts, a, copy: bool) -> dict:
         if not copy:
             steps, seconds, *_ = timed_decode(m, tok, prompts, a, seed=r * 100, preallocated=False)
             grown.append((steps - 1) / (seconds - prefill))
+            steps, seconds, *_ = timed_decode(m, tok, prompts, a, seed=r * 100, prepack=False)
+            plain.append((steps - 1) / (seconds - prefill))
+            t = time.perf_counter()
+            with prepacked_linears(m):
+                packs.append(time.perf_counter() - t)
         del m
     rate, decoding, forwards, steps = sorted(runs)[len(runs) // 2]
     return {"rate": rate, "decoding": decoding, "forwards": forwards, "steps": steps,
             "build": statistics.median(builds), "grown": statistics.median(grown) if grown else None,
+            "plain": statistics.median(plain) if plain else None, "pack": statistics.median(packs) if packs else 0.0,
             "wbytes": weight_bytes(sampler())}
 
 
@@ -204,20 +219,29 @@ def main() -> None:
         bound = gb_s * 1e9 / m["wbytes"]  # decode steps a second if a step only read the weights once
         fp32_bound = fp32_bound or bound
         floor = 1.0 / matmul_floor_s(rows, m["wbytes"], model.config.hidden_size, copy)
-        rest = m["decoding"] - m["forwards"] - m["build"]
+        rest = m["decoding"] - m["forwards"] - m["build"] - m["pack"]
         print(f"\n{label}: {m['wbytes'] / 1e6:.0f} MB read a step -> bound {bound:.1f} decode steps/s")
         print(f"  GEMM floor (the weights' matmuls alone at {rows} rows): {floor:.1f} decode steps/s "
               f"({floor / bound:.2f} of the bandwidth bound)")
+        if not copy:
+            f_linear = 1.0 / matmul_floor_s(rows, m["wbytes"], model.config.hidden_size, copy, packed=False)
+            print(f"  GEMM floor with F.linear (MKL, not prepacked): {f_linear:.1f} decode steps/s "
+                  f"({f_linear / bound:.2f} of the bandwidth bound)")
         grown = f"; with transformers' growing cache {m['grown']:.2f} (ratio positions_per_s " \
-                f"preallocated/growing: {m['rate'] / m['grown']:.4f})" if m["grown"] else ""
+                f"preallocated/growing: {m['rate'] / m['grown']:.4f}); with F.linear, not prepacked, " \
+                f"{m['plain']:.2f}" if m["grown"] else ""
         print(f"  sampler: {m['rate']:.2f} decode steps/s ({m['rate'] * rows:.1f} rows x positions/s), prefill left "
               f"out, median of {a.rounds}{grown}")
         print(f"  where the {m['decoding']:.2f} s went ({m['steps'] - 1} steps): the model's forwards {m['forwards']:.2f} s "
               f"({m['forwards'] / m['decoding']:.0%}); noise, pick, masks and the loop {rest:.2f} s "
-              f"({rest / m['decoding']:.0%}); building the copy {m['build']:.2f} s ({m['build'] / m['decoding']:.0%})")
+              f"({rest / m['decoding']:.0%}); building the copy {m['build']:.2f} s ({m['build'] / m['decoding']:.0%}); "
+              f"packing the linears {m['pack']:.2f} s ({m['pack'] / m['decoding']:.0%})")
         name = "sampler" if not copy else "bf16_copy"
         print(f"ratio positions_per_s {name}/gemm_floor: {m['rate'] / floor:.3f}")
         print(f"ratio positions_per_s {name}/bandwidth_bound: {m['rate'] / bound:.3f}")
+        if not copy:
+            print(f"ratio positions_per_s prepacked/f_linear: {m['rate'] / m['plain']:.3f}")
+            print(f"ratio positions_per_s sampler_f_linear/bandwidth_bound: {m['plain'] / bound:.3f}")
         if copy:
             print(f"ratio positions_per_s bf16_copy/float32_bandwidth_bound: {m['rate'] / fp32_bound:.3f}")
 

@@ -21,6 +21,8 @@ count (one sampler process, as async RL has).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -28,6 +30,7 @@ from hindsight.data.chat import prompt_text
 from hindsight.maths.experience import Experience, pad_left
 from hindsight.maths.logprobs import budgeted_logprobs, cache_kwargs, model_device, output_cache, position_ids
 from hindsight.rollout.decoding import completion_mask, end_token_ids
+from hindsight.rollout.prepacked import prepacked_linears
 
 
 def gumbel_noise(generators: list[torch.Generator], rows: int, vocab: int) -> torch.Tensor:
@@ -134,13 +137,21 @@ def preallocate(cache, new_positions: int) -> None:
 @torch.no_grad()
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, gens: list[torch.Generator], group_size: int,
            max_new_tokens: int, temperature: float, top_p: float, stop_ids, pad_id: int, with_logprobs: bool = False,
-           preallocated: bool = True):
+           preallocated: bool = True, prepack: bool = True):
     """Decode `group_size` rows from each left-padded context of `ids` (P, L), context i's rows
     drawing from gens[i] (so a row's tokens never depend on its batch-mates), until every row
     has ended at one of `stop_ids` or `max_new_tokens`. Returns (completion ids (B, T') padded
     with `pad_id` after a row's end, completion mask (B, T'), the decoding log-probs (B, T') or
     None), B = P x group_size. A multi-turn rollout calls it once a turn with its histories.
-    `preallocated`: the KV cache grows in place (`_Preallocated`), not by concatenation."""
+    `preallocated`: the KV cache grows in place (`_Preallocated`), not by concatenation.
+    `prepack`: on a CPU the large float32 linears run prepacked for oneDNN (`rollout.prepacked`)."""
+    with prepacked_linears(model) if prepack else nullcontext():
+        return _decode(model, ids, mask, gens, group_size, max_new_tokens, temperature, top_p, stop_ids, pad_id,
+                       with_logprobs, preallocated)
+
+
+def _decode(model, ids, mask, gens, group_size, max_new_tokens, temperature, top_p, stop_ids, pad_id,
+            with_logprobs, preallocated):
     dev = model_device(model)
     stops = torch.tensor(list(stop_ids), device=dev)                               # (E,)
     out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=position_ids(mask).to(dev),

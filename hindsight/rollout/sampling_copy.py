@@ -30,18 +30,20 @@ DECODE_ROWS = 16
 
 
 class PackedLinear(torch.nn.Module):
-    """A bf16 linear layer whose weight is held in oneDNN's prepacked layout (CPU only)."""
+    """A linear layer whose weight is held in oneDNN's prepacked layout (CPU only), in `dtype`
+    (bf16 here; float32 for the policy's own decode, `rollout.prepacked`)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.dtype = dtype
         # the batch-size hint only picks oneDNN's blocking, not the numbers (the same bits at 1, 16
         # and 128 here); a decode's rows are what it serves most
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), DECODE_ROWS)
-        self.bias_bf16 = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), DECODE_ROWS)
+        self.bias_bf16 = None if bias is None else bias.detach().to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:                      # (..., in) -> (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias_bf16, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias_bf16, "none", [], "")
 
 
 def packs_linears(dtype: torch.dtype, device: torch.device) -> bool:
