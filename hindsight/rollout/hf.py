@@ -65,12 +65,12 @@ def pick_tokens(logits: torch.Tensor, noise: torch.Tensor | None, temperature: f
 @torch.no_grad()
 def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: int, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, logprobs: str = "forward",
-                  budget: int | None = None) -> Experience:
+                  budget: int | None = None, prepack: bool = True) -> Experience:
     """Sample `group_size` completions of each prompt; group i uses seeds[i]; temperature 0 is
     greedy (evaluation). Rows come out in groups, prompts left-padded and completions
     right-padded, as `generate` returns them. A row ends at any of the model's end tokens
     (`decoding.end_token_ids`). The behaviour log-probs' forward runs `budget` padded tokens at a
-    time (rl.forward.micro_batch_tokens)."""
+    time (rl.forward.micro_batch_tokens). `prepack`: see `decode`."""
     dev = model_device(model)
     seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
     ids, mask = pad_left(seqs, tok.pad_token_id)                                   # (P, L)
@@ -78,7 +78,8 @@ def sample_groups(model, tok, prompts: list[str], seeds: list[int], group_size: 
     was_training = model.training
     model.eval()
     completion_ids, cmask, decoded = decode(model, ids, mask, gens, group_size, max_new_tokens, temperature, top_p,
-                                            end_token_ids(tok, model), tok.pad_token_id, logprobs == "decode")
+                                            end_token_ids(tok, model), tok.pad_token_id, logprobs == "decode",
+                                            prepack=prepack)
     prompt_ids, prompt_mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
     if logprobs == "decode":
         logp = decoded                                                              # (B, T')

@@ -67,3 +67,23 @@ def test_a_packed_decode_is_reproducible_and_samples_what_the_plain_one_does(tin
     ids_p, _, logp_p = _decode(model, tok, seed=5, prepack=False)
     assert torch.equal(ids_a, ids_p) and torch.allclose(logp_a, logp_p, atol=1e-5)  # round-off apart
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize("prepack", [True, False])
+def test_the_hf_engine_packs_as_rl_rollout_hf_prepack_says(tiny, monkeypatch, prepack):
+    from hindsight.config import PipelineConfig
+    from hindsight.rollout.engines import EngineContext, get_engine
+
+    model, tok = tiny
+    monkeypatch.setattr(prepacked, "MIN_ELEMENTS", 1)
+    packs = []
+    real = prepacked.PackedLinear.__init__
+    monkeypatch.setattr(prepacked.PackedLinear, "__init__", lambda self, *a: packs.append(1) or real(self, *a))
+    cfg = PipelineConfig.model_validate({"data": {"dir": "d", "dvc_file": None, "build_demo": False},
+                                         "rl": {"rollout": {"max_new_tokens": 6, "hf": {"prepack": prepack}}}})
+    engine = get_engine("hf")(EngineContext(policy=model, tok=tok, rollout=cfg.rl.rollout,
+                                            settings=cfg.rl.rollout.engine_settings(), seed=0, init_path="",
+                                            bucket_mb=64, budget=None, stop_ids=(tok.eos_token_id,)))
+    exp = engine.sample(["Q: 12+7+5= A: "], [5], 2)
+    assert exp.completion_ids.shape[0] == 2
+    assert (len(packs) > 0) == prepack  # one pack per linear for the call, or none
