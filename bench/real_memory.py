@@ -2,8 +2,10 @@
 (configs/examples/smollm2-reasoning.yaml: 4 prompts x 8 samples, 64 new tokens, a 2,048-token
 micro-batch budget, no reference model), measured in one fresh process. `--copy bfloat16` samples
 as `rl.rollout.hf.dtype: bfloat16` does: a bf16 copy of the policy built for the call.
+`--prepack false` samples with F.linear (`rl.rollout.hf.prepack: false`), without the packed copy
+of the large linears that the float32 decode holds while it samples on a CPU.
 
-    python bench/real_memory.py [--copy bfloat16] [--checkpointing true]
+    python bench/real_memory.py [--copy bfloat16] [--checkpointing true] [--prepack false]
 
 `--checkpointing true` sets `model.gradient_checkpointing: true` (the recipe leaves it off; TRL's
 GRPOConfig turns it on by default): each decoder layer recomputed in the backward. The header
@@ -54,7 +56,7 @@ def reset_peak() -> int:
     return status_kb("VmRSS")
 
 
-def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
+def measure(chunk: int, copy: str | None, checkpointing: str | None, prepack: str | None = None) -> dict:
     import torch
 
     import hindsight.maths.logprobs
@@ -75,6 +77,7 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
     hindsight.maths.logprobs.LOGIT_CHUNK = chunk
     overrides = [f"rl.rollout.hf.dtype={copy}"] if copy else []
     overrides += [f"model.gradient_checkpointing={checkpointing}"] if checkpointing else []
+    overrides += [f"rl.rollout.hf.prepack={prepack}"] if prepack else []
     cfg = load_config(ROOT / "configs/examples/smollm2-reasoning.yaml", overrides)  # smoke: is a preset, not a key
     rl = cfg.rl
     path = resolve_model_path(GGUF)
@@ -91,6 +94,8 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
                                loss=Objective(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
 
     dtype = copy_dtype(rl.rollout)
+    hf = rl.rollout.engine_settings("hf")
+    prepack_linears = hf is None or hf.prepack  # as the engine reads it
     copies = SamplingCopy(dtype) if dtype is not None else None
 
     @contextmanager
@@ -109,7 +114,8 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
         with sampler() as sampling:
             exp = sample_groups(sampling, tok, prompts[first:first + rl.prompts_per_step],
                                 list(range(rl.prompts_per_step)), rl.samples_per_prompt, rl.rollout.max_new_tokens,
-                                temperature=rl.rollout.temperature, logprobs=anchor, budget=rl.forward_budget()[0])
+                                temperature=rl.rollout.temperature, logprobs=anchor, budget=rl.forward_budget()[0],
+                                prepack=prepack_linears)
         exp.rewards = torch.rand(len(exp))  # the update's memory does not depend on the scores' values
         return exp
 
@@ -135,9 +141,10 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
     return out
 
 
-def run_child(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
+def run_child(chunk: int, copy: str | None, checkpointing: str | None, prepack: str | None = None) -> dict:
     res = subprocess.run([sys.executable, __file__, "--one", str(chunk), *(["--copy", copy] if copy else []),
-                          *(["--checkpointing", checkpointing] if checkpointing else [])],
+                          *(["--checkpointing", checkpointing] if checkpointing else []),
+                          *(["--prepack", prepack] if prepack else [])],
                          env={**os.environ, **MALLOC},
                          capture_output=True, text=True)
     if res.returncode:
@@ -148,12 +155,13 @@ def run_child(chunk: int, copy: str | None, checkpointing: str | None) -> dict:
 def main() -> None:
     copy = sys.argv[sys.argv.index("--copy") + 1] if "--copy" in sys.argv else None
     ckpt = sys.argv[sys.argv.index("--checkpointing") + 1] if "--checkpointing" in sys.argv else None
+    prepack = sys.argv[sys.argv.index("--prepack") + 1] if "--prepack" in sys.argv else None
     if "--one" in sys.argv:
-        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]), copy, ckpt)))
+        print(json.dumps(measure(int(sys.argv[sys.argv.index("--one") + 1]), copy, ckpt, prepack)))
         return
     from hindsight.maths.logprobs import LOGIT_CHUNK
 
-    m, whole = run_child(LOGIT_CHUNK, copy, ckpt), run_child(0, copy, ckpt)
+    m, whole = run_child(LOGIT_CHUNK, copy, ckpt, prepack), run_child(0, copy, ckpt, prepack)
     n = m["params"]
     print(f"SmolLM2-135M-Instruct: {n / 1e6:.1f} M parameters, float32; recipe step: "
           f"{m['completion_tokens']} completion tokens, {m['micro_batches']:.0f} micro-batch(es) in the update; "
