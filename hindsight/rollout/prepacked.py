@@ -48,8 +48,9 @@ def works_here() -> bool:
 
 def packable(module: torch.nn.Module) -> bool:
     """A plain float32 CPU linear large enough to gain from packing (not a DTensor shard, not
-    on the meta device, not a subclass such as a quantized or LoRA layer)."""
-    if type(module) is not torch.nn.Linear:
+    on the meta device, not a subclass such as a quantized or LoRA layer, and not one whose
+    forward something else has already replaced, such as an offloading hook)."""
+    if type(module) is not torch.nn.Linear or "forward" in module.__dict__:
         return False
     w = module.weight
     return (type(w.data) is torch.Tensor and w.dtype == torch.float32 and w.device.type == "cpu"
