@@ -4,12 +4,12 @@ A decode step multiplies 16 rows by every weight. On a CPU, `F.linear` hands tha
 sgemm, which re-lays the weight out for its kernel on every call; oneDNN's prepacked matmul
 does that once. On SmolLM2-135M's shapes at 16 rows (an AVX2 EPYC, 2 threads) that is 1.4x
 faster on the attention projections, 1.9x on the MLP's and 2.75x on the 49,152-row output
-layer, and a whole decode step 1.7x faster (`bench/decode_bound.py`).
+layer, and a whole decode step 1.5-1.7x faster (`bench/decode_bound.py`).
 
 `prepacked_linears(model)` packs each large float32 linear's current weight for one decode call
 and drops the packs after it: they are built from the weights of that moment, so they are never
-stale, and they never sit beside the update's gradients and activations. Packing SmolLM2's 211
-linears takes about 0.27 s, against ~50 ms saved a decoded position.
+stale, and they never sit beside the update's gradients and activations. Packing SmolLM2's 151
+large linears takes 0.13-0.27 s, against ~30-50 ms saved a decoded position.
 
 The numbers are oneDNN's float32 matmul's, equal to F.linear's to float32 round-off, not bit for
 bit. The learner's log-probs (the ratio's anchor) still come from the plain forward; the decode's
