@@ -2,7 +2,7 @@
 
 A decode step multiplies 16 rows by every weight. On a CPU, `F.linear` hands that to MKL's
 sgemm, which re-lays the weight out for its kernel on every call; oneDNN's prepacked matmul
-does that once. On SmolLM2-135M's shapes at 16 rows (an AVX2 EPYC, 2 threads) that is 1.4x
+does that once. On SmolLM2-135M's shapes at 16 rows (an AVX-512 EPYC, 2 threads) that is 1.4x
 faster on the attention projections, 1.9x on the MLP's and 2.75x on the 49,152-row output
 layer, and a whole decode step 1.5-1.7x faster (`bench/decode_bound.py`).
 
