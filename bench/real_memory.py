@@ -68,7 +68,7 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None, prepack: st
     from hindsight.learning.losses.objective import Objective
     from hindsight.learning.update import LearnerSettings, update
     from hindsight.models.load import load_tokenizer, resolve_model_path
-    from hindsight.rollout.engines.hf import copy_dtype
+    from hindsight.rollout.engines.hf import copy_dtype, prepacks
     from hindsight.rollout.hf import sample_groups
     from hindsight.rollout.sampling_copy import SamplingCopy
 
@@ -94,8 +94,6 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None, prepack: st
                                loss=Objective(kl_coef=0.0, max_len=rl.rollout.max_new_tokens))
 
     dtype = copy_dtype(rl.rollout)
-    hf = rl.rollout.engine_settings("hf")
-    prepack_linears = hf is None or hf.prepack  # as the engine reads it
     copies = SamplingCopy(dtype) if dtype is not None else None
 
     @contextmanager
@@ -115,7 +113,7 @@ def measure(chunk: int, copy: str | None, checkpointing: str | None, prepack: st
             exp = sample_groups(sampling, tok, prompts[first:first + rl.prompts_per_step],
                                 list(range(rl.prompts_per_step)), rl.samples_per_prompt, rl.rollout.max_new_tokens,
                                 temperature=rl.rollout.temperature, logprobs=anchor, budget=rl.forward_budget()[0],
-                                prepack=prepack_linears)
+                                prepack=prepacks(rl.rollout))
         exp.rewards = torch.rand(len(exp))  # the update's memory does not depend on the scores' values
         return exp
 

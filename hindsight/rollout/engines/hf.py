@@ -49,8 +49,7 @@ class HF(Engine):
         super().__init__(ctx)
         self.policy = ctx.policy
         self.copy = None
-        block = ctx.rollout.engine_settings("hf") if ctx.rollout.backend == "hf" else None
-        self.prepack = block is None or block.prepack
+        self.prepack = prepacks(ctx.rollout)
         dtype = copy_dtype(ctx.rollout)
         if dtype is not None:
             from hindsight.rollout.sampling_copy import SamplingCopy
@@ -78,10 +77,21 @@ class HF(Engine):
                                                                                   temperature, top_p, stop_ids)
 
 
+def _block(rollout):
+    """The rollout section's `hf` block where hf samples, else None."""
+    return rollout.engine_settings("hf") if rollout.backend == "hf" else None
+
+
 def copy_dtype(rollout) -> str | None:
     """The sampling copy's dtype the rollout section asks of hf, or None (the policy itself)."""
-    block = rollout.engine_settings("hf") if rollout.backend == "hf" else None
+    block = _block(rollout)
     return None if block is None or block.dtype == "policy" else block.dtype
+
+
+def prepacks(rollout) -> bool:
+    """Whether hf's float32 decode prepacks its large linears (`rl.rollout.hf.prepack`, default on)."""
+    block = _block(rollout)
+    return block is None or block.prepack
 
 
 def model_turns(model, pad_id: int, prepack: bool = True):
