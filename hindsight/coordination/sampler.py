@@ -287,7 +287,8 @@ def serve(cmd_fd: int, res_fd: int) -> None:
                     tasks = [GroupTask(**t) for t in header["tasks"]]
                     written = worker.generate(tasks, header["version"])
                     failures = scorer.score(step, written) if written else {}
-                    said({"kind": "done", "step": step, "groups": written, "failures": failures})
+                    said({"kind": "done", "step": step, "groups": written, "failures": failures,
+                          "engine": worker.engine_published})
                 except Exception as exc:  # reported to the coordinator, which fails the step with it
                     said({"kind": "error", "step": step,
                           "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"})

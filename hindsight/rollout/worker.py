@@ -75,6 +75,7 @@ class RolloutWorker:
         self.episodes = None  # multi-turn: what makes each trajectory's episode, built at the first rollout
         self.compute_s = 0.0  # seconds in the engine (the rest is I/O): the bench's split
         self.groups_written = 0  # progress, as a heartbeat reports it (`coordination.liveness`)
+        self.engine_published: dict[str, float] = {}  # what the engine's last weights push measured and checked
 
     def start_at(self, version: int) -> None:
         """The weights the worker was built with are version `version`."""
@@ -133,7 +134,7 @@ class RolloutWorker:
                 budget=self.rl.forward_budget()[0], stop_ids=end_token_ids(self.tok, self.policy)))
             self.engine_stale = True
         if self.engine_stale:  # the policy moved since the engine last saw it
-            self.engine.load_weights(self.policy)
+            self.engine_published = self.engine.load_weights(self.policy) or {}
             self.engine_stale = False
         return self.engine
 

@@ -45,10 +45,12 @@ class InProcessPool(InStepPool):
         return self.scoring.score(step, groups)
 
     def sample_metrics(self) -> dict[str, float]:
-        """How much of the rollout time was the engine itself."""
+        """How much of the rollout time was the engine itself, and what its last weights push
+        measured and checked (an engine with a copy of its own: `engine/*`)."""
         metrics = {"time/compute/generate_s": sum(w.compute_s for w in self.workers.values())}
         for w in self.workers.values():
             w.compute_s = 0.0
+            metrics.update(w.engine_published)
         return metrics
 
     def score_metrics(self) -> dict[str, float]:

@@ -42,6 +42,7 @@ class SubprocessPool(WorkerPool):
         self._spec = SamplerSpec(self.rl, ctx.policy_path, ctx.cfg.model.dtype, ctx.cfg.seed, str(ctx.store.root),
                                  ctx.init_path, ctx.version, threads, rm)
         self.version, self.replaced = ctx.version, 0
+        self.engine_published: dict[str, float] = {}  # the sampler engine's last push, as it reported it
         self._kept: dict[int, dict] = {}
         self._flight: dict[int, tuple] = {}  # step -> (tasks, version): asked of the sampler, not collected
         self._keep(ctx.version, ctx.policy)
@@ -88,6 +89,7 @@ class SubprocessPool(WorkerPool):
             except RoleStalled as exc:
                 self._replace(step, exc)
         del self._flight[step]
+        self.engine_published = result.get("engine") or {}
         if result["groups"]:
             self.ctx.ledger.move(step, result["groups"], "sealed")
         return Collected(groups=result["groups"], failures=result["failures"],
@@ -117,7 +119,7 @@ class SubprocessPool(WorkerPool):
         return self.scoring.score(step, groups)
 
     def sample_metrics(self) -> dict[str, float]:
-        return {"workers/sampler_replaced": float(self.replaced)}
+        return {"workers/sampler_replaced": float(self.replaced), **self.engine_published}
 
     def score_metrics(self) -> dict[str, float]:
         return self.scoring.metrics()

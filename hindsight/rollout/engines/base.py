@@ -71,8 +71,9 @@ class Engine:
     def __init__(self, ctx: EngineContext):
         self.ctx = ctx
 
-    def load_weights(self, policy) -> None:
-        """The policy moved (a new weights version): sample from `policy` from now on."""
+    def load_weights(self, policy) -> dict[str, float] | None:
+        """The policy moved (a new weights version): sample from `policy` from now on. An engine
+        that holds its own copy returns what the push measured and checked (`publish/*`)."""
         raise NotImplementedError
 
     def sample(self, prompts: list, seeds: list[int], group_size: int):

@@ -107,10 +107,11 @@ class VLLM(Engine):
         self.engine = VLLMEngine(ctx.init_path, v.dtype, ctx.seed, v.gpu_memory_utilization, v.max_model_len,
                                  ctx.bucket_mb, ctx.rollout.publish_full_every, v.cpu_kv_cache_gb,
                                  v.check_weights, v.probe_tolerance)
-        self.published: dict[str, float] = {}  # what the last push measured (bytes, the engine's check)
 
-    def load_weights(self, policy) -> None:
-        self.published = self.engine.load_weights(policy)
+    def load_weights(self, policy) -> dict[str, float]:
+        """Push the policy into the engine; the push's and the check's figures as `engine/*` (the
+        learner's own `publish/*` reach the worker, these go on from it into the engine)."""
+        return {k.replace("publish/", "engine/", 1): v for k, v in self.engine.load_weights(policy).items()}
 
     def sample(self, prompts: list, seeds: list[int], group_size: int):
         (prompt,), (seed,) = prompts, seeds  # one group a call: vLLM batches inside the engine
