@@ -49,6 +49,7 @@ def build(layers: int, checkpointing: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hindsight.config import ModelConfig
+    from hindsight.models.compat import enable_checkpointing
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["hidden"] * 4,
@@ -57,7 +58,7 @@ def build(layers: int, checkpointing: bool):
     model = Qwen2ForCausalLM(cfg)
     model.compute_dtype = torch.float32
     if checkpointing:  # what learning.build does for model.gradient_checkpointing
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     _ = ModelConfig  # the settings these stand for: model.dtype float32, model.gradient_checkpointing
     return model
 

@@ -77,6 +77,7 @@ def run_trl(a, init: str, out: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from hindsight.data.procedural import load_procedural
+    from hindsight.models.compat import checkpointing_args
     from hindsight.scoring.reward_fns import load_reward_fn
 
     stamps, phase = [], {"sample": [], "score": []}
@@ -115,7 +116,7 @@ def run_trl(a, init: str, out: Path) -> dict:
         max_completion_length=a.new_tokens, temperature=1.0, top_p=1.0, learning_rate=LR,
         lr_scheduler_type="constant", beta=0.0, loss_type="grpo", scale_rewards="group", num_iterations=1,
         max_steps=a.steps, logging_steps=1, report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0,
-        max_grad_norm=1.0, disable_tqdm=True, dataloader_num_workers=0, activation_checkpointing=a.checkpointing)
+        max_grad_norm=1.0, disable_tqdm=True, dataloader_num_workers=0, **checkpointing_args(a.checkpointing))
     trainer = GRPOTrainer(model=model, reward_funcs=timed_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Stamp()])
     trainer.train()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from hindsight.models.compat import enable_checkpointing
 from hindsight.models.load import FRESH, disable_dropout, fresh_values, load_causal_lm, load_reward_model, missing_names
 from hindsight.models.lora import load_adapter, with_adapter
 
@@ -50,7 +51,7 @@ def _for_training(model, model_cfg, rl):
     model.compute_dtype = getattr(torch, model_cfg.dtype)  # read by the forwards' autocast
     if model_cfg.gradient_checkpointing:
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(inner)
     return model
 
 

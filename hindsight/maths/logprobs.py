@@ -65,8 +65,22 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 def keep_logits(model, keep: int | torch.Tensor) -> dict:
     """Only the logits that are read (transformers' `logits_to_keep`, as TRL asks for): the last
     `keep` positions, or a boolean (N, W) mask of positions (a packed forward: (M, V) logits). The
-    prompt's are never read, and (B, L, V) is the largest tensor of the forward."""
-    return {"logits_to_keep": keep} if "logits_to_keep" in _forward_parameters(type(_innermost(model))) else {}
+    prompt's are never read, and (B, L, V) is the largest tensor of the forward. transformers
+    before 5.20 (what vLLM's CPU build pins) takes no mask: there a packed forward returns its
+    whole (N, W, V) logits and `kept_rows` picks the kept ones."""
+    if "logits_to_keep" not in _forward_parameters(type(_innermost(model))):
+        return {}
+    if isinstance(keep, torch.Tensor) and keep.dim() == 2 and not _slices_masks():
+        return {}
+    return {"logits_to_keep": keep}
+
+
+@lru_cache(maxsize=None)
+def _slices_masks() -> bool:
+    """Whether the installed transformers slices logits by a boolean mask (`slice_logits_to_keep`, 5.20+)."""
+    import transformers.modeling_utils as modeling
+
+    return hasattr(modeling, "slice_logits_to_keep")
 
 
 @lru_cache(maxsize=None)
@@ -370,7 +384,8 @@ def _layer_cost(model) -> tuple[int, float]:
 def checkpointing(model) -> bool:
     """Whether the model recomputes activations in its backward (and so runs without a KV cache)."""
     inner = _innermost(model)
-    return bool(model.training and getattr(inner, "is_activation_checkpointing", False))
+    on = getattr(inner, "is_activation_checkpointing", None)  # transformers >= 5.20; before, the old name
+    return bool(model.training and (on if on is not None else getattr(inner, "is_gradient_checkpointing", False)))
 
 
 @torch.no_grad()

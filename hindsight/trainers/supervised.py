@@ -155,9 +155,11 @@ def _precision() -> dict:
 
 
 def _checkpointing(on: bool) -> dict:
-    """`model.gradient_checkpointing`, by transformers 5's name for it (TRL's configs turn the old
-    name on by default, which also warns); non-reentrant, as RL's learner uses it."""
-    return {"activation_checkpointing": on, "activation_checkpointing_kwargs": {"use_reentrant": False} if on else None}
+    """Activation checkpointing by the installed transformers' name for it (TRL's configs turn the
+    old name on by default, which also warns on 5.20+); non-reentrant, as RL's learner uses it."""
+    from hindsight.models.compat import checkpointing_args
+
+    return checkpointing_args(on)
 
 
 def _has_cuda() -> bool:

