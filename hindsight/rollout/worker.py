@@ -138,6 +138,12 @@ class RolloutWorker:
             self.engine_stale = False
         return self.engine
 
+    def close(self) -> None:
+        """Free what the engine holds (a vLLM engine's process)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine, self.engine_stale = None, True
+
     def _trajectories(self, batch: list[GroupTask], seeds: list[int]) -> Experience:
         """Multi-turn: each group's trajectories with their tools or environment
         (`rollout.multiturn`); the batch carries them in `meta` for the stored rows."""

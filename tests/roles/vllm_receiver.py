@@ -5,8 +5,11 @@ from hindsight.rollout.engines.vllm_weights import WeightReceiver
 
 
 class TestReceiver(WeightReceiver):
-    def readback_held(self) -> dict:
-        return {k: v.clone() for k, v in self._hindsight_held.items()}
+    def readback_held(self) -> bytes:
+        """The worker's copy as safetensors bytes (a returned tensor would cross vLLM's RPC untyped)."""
+        from hindsight.transport.vllm import to_safetensors
+
+        return to_safetensors(self._hindsight_held)
 
     def tamper(self, name: str) -> str:
         """Add 1 to the first element of the engine's parameter `name`."""

@@ -57,4 +57,6 @@ class InProcessPool(InStepPool):
         return self.scoring.metrics()
 
     def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
         self.scoring.close()

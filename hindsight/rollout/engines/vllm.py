@@ -144,6 +144,9 @@ class VLLM(Engine):
         return self.engine.generate(self.ctx.tok, [prompt], group_size, r.max_new_tokens, r.temperature, r.top_p,
                                     seed=seed, stop_ids=self.ctx.stop_ids)
 
+    def close(self) -> None:
+        self.engine.close()
+
     def continue_turns(self, ids, mask, gens: list, max_new_tokens: int, temperature: float, top_p: float,
                        stop_ids) -> tuple:
         return self.engine.continue_turns(ids, mask, gens, max_new_tokens, temperature, top_p, stop_ids,
@@ -191,6 +194,11 @@ class VLLMEngine:
         (`transport.vllm`); a LoRA policy's merged weights."""
         self.version += 1
         return self.sender.publish(self.version, model)
+
+    def close(self) -> None:
+        """Stop the engine core's process now (a notebook or a second run in this process would
+        otherwise keep it, and its memory, until the interpreter exits)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
         """The engine's log-prob of each of ids[1:] after the ones before it (temperature 1)."""
