@@ -1,0 +1,85 @@
+"""vLLM's own engine (its CPU build) as hindsight's `vllm` backend samples, one float32 engine
+for the module, on tiny://qwen2-tools taught to end its turns: the decoding contract is the hf
+sampler's (the same prompt tokens from the chat template, the same stop tokens, nothing after a
+stop); the engine's log-probs of what it sampled agree with the learner's forward to
+round-off (the real engine-learner gap, logged as `offpolicy/*` in a run); and the turn method
+of multi-turn rollouts continues token ids, each row from its own seed."""
+import pytest
+import torch
+
+from tests.helpers import short_turn_model
+
+CHAT = [[{"role": "user", "content": "What is 12 + 30?"}], [{"role": "user", "content": "Say hi."}]]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from hindsight.models.load import load_causal_lm, load_tokenizer
+    from hindsight.rollout.decoding import end_token_ids
+    from hindsight.rollout.engines.vllm import VLLMEngine
+
+    path = short_turn_model(tmp_path_factory.mktemp("vllm-engine") / "model")
+    tok, policy = load_tokenizer(path), load_causal_lm(path, "float32").eval()
+    eng = VLLMEngine(path, "float32", 0, 0.5, 512)
+    eng.load_weights(policy)
+    yield eng, tok, policy, end_token_ids(tok, policy)
+    eng.close()
+
+
+def test_the_decoding_contract_is_the_hf_samplers(setup):
+    """Chat prompts: the same prompt ids as hf's sampler; every completion ends at one of
+    `end_token_ids` or at max_new_tokens, with nothing after its end."""
+    from hindsight.rollout.hf import sample_groups
+
+    eng, tok, policy, stops = setup
+    assert len(stops) == 2  # <|im_end|> and <|endoftext|>: the template's end of turn and the tokenizer's eos
+    ours = eng.generate(tok, CHAT[:1], 8, 24, 1.0, 1.0, seed=3, stop_ids=stops)
+    hf = sample_groups(policy, tok, CHAT[:1], [3], 8, 24, 1.0, 1.0)
+    assert ours.prompt_ids.tolist() == hf.prompt_ids.tolist()
+    lengths = ours.completion_mask.sum(-1).tolist()
+    ended = 0
+    for row, n in zip(ours.completion_ids.tolist(), lengths):
+        assert not any(t in stops for t in row[:n - 1])  # nothing sampled after an end token
+        ended += row[n - 1] in stops
+        assert row[n - 1] in stops or n == 24
+    assert ended >= 6, lengths  # the model was taught to end its turns: most rows do
+    again = eng.generate(tok, CHAT[:1], 8, 24, 1.0, 1.0, seed=3, stop_ids=stops)
+    assert again.completion_ids.tolist() == ours.completion_ids.tolist()  # a seed is a sample
+
+
+def test_the_engines_logprobs_are_the_learners_to_round_off_in_float32(setup):
+    """The real gap between vLLM's float32 engine and the learner's forward on what the engine
+    sampled (temperature 1, top_p 1): the off-policy correction's `auto` is on for vLLM, and
+    here it has (almost) nothing to correct."""
+    from hindsight.learning.correction import Correction, gap_metrics
+    from hindsight.maths.logprobs import budgeted_logprobs
+
+    eng, tok, policy, stops = setup
+    exp = eng.generate(tok, CHAT[1:], 8, 24, 1.0, 1.0, seed=5, stop_ids=stops)
+    learner = budgeted_logprobs(policy, exp, 1.0, None) * exp.completion_mask                   # (B, T)
+    gap = gap_metrics(learner, exp.logprobs, exp.completion_mask, Correction())
+    print(f"vLLM float32 vs learner: k3 {gap['offpolicy/mismatch_kl_k3']:.3g}, "
+          f"max token gap {gap['offpolicy/max_token_gap']:.3g}")
+    assert 0 < gap["offpolicy/max_token_gap"] < 1e-3 and gap["offpolicy/mismatch_kl_k3"] < 1e-7
+
+
+def test_a_turn_continues_the_token_ids_each_row_from_its_own_seed(setup):
+    """`continue_turns` on two left-padded histories: every row ends at a stop or the budget, and a
+    row's turn depends on its own generator only (the batch reversed gives each row the same)."""
+    from hindsight.maths.experience import pad_left
+
+    eng, tok, policy, stops = setup
+    histories = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+                 for c in CHAT]
+    ids, mask = pad_left(histories, tok.pad_token_id)                                           # (2, L)
+    gens = lambda seeds: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+    out, out_mask = eng.continue_turns(ids, mask, gens([1, 2]), 16, 1.0, 1.0, stops, tok.pad_token_id)
+    assert out.shape == out_mask.shape and out.shape[0] == 2
+    for row, m in zip(out.tolist(), out_mask.tolist()):
+        n = sum(m)
+        assert n >= 1 and (row[n - 1] in stops or n == 16) and all(t == tok.pad_token_id for t in row[n:])
+    rev, rev_mask = eng.continue_turns(ids.flip(0), mask.flip(0), gens([2, 1]), 16, 1.0, 1.0, stops,
+                                       tok.pad_token_id)
+    for i, j in ((0, 1), (1, 0)):
+        n = int(out_mask[i].sum())
+        assert rev[j, :n].tolist() == out[i, :n].tolist() and int(rev_mask[j].sum()) == n
