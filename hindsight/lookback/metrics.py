@@ -102,7 +102,7 @@ WATCH_FIRST = ("reward/mean", "eval/accuracy", "reward/", "eval/", "policy/kl", 
 # `kl`, `loss`); `recorded` names a step's metrics once, where the step is recorded, so the run's
 # history, its alerts, MLflow and the report all read the same names (docs/metrics.md).
 WATCHED = ("reward", "eval", "response_length", "rollout", "offpolicy", "multiturn", "critic", "negative_ft", "policy")
-RUNTIME = ("learn", "time", "memory", "store", "lr", "dynamic_sampling", "replay", "config", "publish", "async",
+RUNTIME = ("learn", "time", "memory", "store", "lr", "dynamic_sampling", "replay", "config", "publish", "engine", "async",
            "workers")
 RUNTIME_NAMES = ("rollout/tokens_per_s", "rollout/reused")
 

@@ -71,7 +71,7 @@ class VLLMSender(WeightSender):
                 f"weights version {version}: the vLLM engine's log-probs on the probe differ from the learner's by "
                 f"{gap:.3g} (rl.rollout.vllm.probe_tolerance: {self.probe_tolerance:g}): its weights are not the "
                 f"learner's, and the run stops rather than sample from weights it did not train")
-        return {"publish/engine_exact_tensors": float(exact), "publish/engine_probe_gap": gap}
+        return {"publish/exact_tensors": float(exact), "publish/probe_gap": gap}
 
     def exact_check(self, version: int) -> int:
         """Fingerprint, inside the engine, every parameter that keeps its checkpoint layout and

@@ -51,7 +51,7 @@ class StandInEngine:
     def load_weights(self, policy):
         self.model.load_state_dict(policy.state_dict())
         self.loads += 1
-        return {"publish/engine_probe_gap": 0.0}
+        return {"publish/probe_gap": 0.0}
 
     def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids=()):
         self.calls.append((group_size, max_new_tokens, temperature, top_p, seed, tuple(stop_ids)))
