@@ -86,8 +86,8 @@ def rollouts(run_dir: Path) -> list[dict]:
     return [row for f in files for row in pq.read_table(f).to_pylist()]
 
 
-def assert_chat_rollouts_stop_at_im_end(rows: list[dict], max_new: int) -> None:
-    assert len(rows) == 2 * 2  # one step of 2 prompts x 2 samples
+def assert_chat_rollouts_stop_at_im_end(rows: list[dict], max_new: int, steps: int = 1) -> None:
+    assert len(rows) == 2 * 2 * steps  # steps of 2 prompts x 2 samples
     for row in rows:
         assert row["prompt"].startswith("<|im_start|>system\nSolve it, then give the final answer as a number.")
         assert row["prompt"].endswith("<|im_start|>assistant\n")
@@ -137,3 +137,36 @@ def test_a_short_lora_sft_registers_a_merged_model_that_loads(ws):
     hindsight(ws, "run", "sft", "-c", "sft.yaml")
     out = plain_transformers(ws, registered(ws, "smollm2-lora-sft"))
     assert out["type"] == "LlamaForCausalLM" and out["ids"], out
+
+
+VLLM = ["--set", "rl.rollout.backend=vllm", "--set", "rl.rollout.vllm.dtype=float32",
+        "--set", "rl.rollout.vllm.max_model_len=512", "--set", "rl.steps=2"]
+
+
+def metric_history(ws, run_name_part: str, key: str) -> list[tuple[int, float]]:
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(ws[1]["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'")
+    (run_id,) = [r.run_id for _, r in runs.iterrows() if run_name_part in str(r["tags.mlflow.runName"])]
+    return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_rl_samples_with_vllms_own_engine_and_checks_it_after_every_push(ws, staleness):
+    """rl.rollout.backend: vllm, the real engine (its CPU build) on SmolLM2, through the CLI, in
+    step and one step ahead (the sampler process owns the engine): two steps, the engine checked
+    against the learner after every weights version, the engine-learner gap logged."""
+    work, _ = ws
+    name = f"smollm2-vllm-k{staleness}"
+    hindsight(ws, "run", "rl", "-c", str(RECIPE), *SMOKE, *VLLM, "--set", f"name={name}",
+              "--set", f"rl.async.max_staleness={staleness}")
+    assert_chat_rollouts_stop_at_im_end(rollouts(work / "runs" / name), 32, steps=2)
+    probe = metric_history(ws, name, "runtime/engine/probe_gap")
+    assert [s for s, _ in probe] == [1, 2] and all(0 <= gap < 1e-3 for _, gap in probe), probe  # every version
+    assert all(n >= 60 for _, n in metric_history(ws, name, "runtime/engine/exact_tensors"))  # norms, embedding
+    k3 = metric_history(ws, name, "offpolicy/mismatch_kl_k3")
+    assert len(k3) == 2 and all(0 <= v < 1e-6 for _, v in k3), k3  # float32 engine: round-off only
+    if staleness:
+        assert [v for _, v in metric_history(ws, name, "runtime/async/staleness")] == [0.0, 1.0]
