@@ -186,11 +186,12 @@ TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2, "qwen2-tools": buil
 
 
 def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int = 150, seed: int = 0,
-                     examples=None) -> Path:
+                     examples=None, heads: int = 4, kv_heads: int = 2) -> Path:
     """A tiny Qwen2 judge for tests and the judge benchmark: trained in code (seconds) to answer
     every chat prompt with `answer` and end its turn, so that it can be served (`transformers
     serve`) and parsed like a real judge model. `examples(rng) -> (prompt, answer)` gives it
-    prompts and answers of its own instead (a judge taught to tell two kinds apart)."""
+    prompts and answers of its own instead (a judge taught to tell two kinds apart). `heads=2,
+    kv_heads=1` gives heads of 32, what `vllm serve` on a CPU needs."""
     import torch  # here, not at import: resolving tiny://NAME to a built folder needs no torch
 
     import random
@@ -200,7 +201,7 @@ def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int =
     from hindsight.data.demo import ITEMS, NAMES
 
     out_dir = Path(out_dir)
-    base = build_tiny_qwen2(out_dir.with_name(out_dir.name + ".base"), seed=seed)
+    base = build_tiny_qwen2(out_dir.with_name(out_dir.name + ".base"), seed=seed, heads=heads, kv_heads=kv_heads)
     tok, model = AutoTokenizer.from_pretrained(base), Qwen2ForCausalLM.from_pretrained(base)
     rng, opt = random.Random(seed), torch.optim.AdamW(model.parameters(), lr=3e-3)
     if examples is None:

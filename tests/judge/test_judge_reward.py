@@ -1,7 +1,10 @@
-"""`rewards.judge` against a real `transformers serve` process on loopback, serving a tiny Qwen2
-judge trained in code to answer `score: 1`: scores through the RL scoring path, refused answers
-get the fallback and are counted, the gate, the verdict cache (the server's own access log shows
-no second request), a judge that never answers, and one that cannot be reached at start."""
+"""`rewards.judge` against real OpenAI-compatible servers on loopback, the two ways users serve
+one: `transformers serve`, and vLLM's OpenAI server (its CPU build; `vllm serve` is the same
+server, but the CPU build's `vllm` command cannot read its own version, so the module is run).
+Each serves a tiny Qwen2 judge trained in code to answer `score: 1`: scores through the RL
+scoring path, refused answers get the fallback and are counted, the gate, the verdict cache (the
+server's own access log shows no second request), a judge that never answers, and one that
+cannot be reached at start."""
 import json
 import socket
 import subprocess
@@ -20,14 +23,27 @@ from rewards.judge import VerdictCache, judge, parse_score
 RUBRIC = "Question: {prompt}\nAnswer: {completion}\nReference: {answer}\nIs it right? Reply `score: 1` or `score: 0`."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("judge")
-    model = build_tiny_judge(home / "judge")
+SERVERS = {
+    "transformers": lambda model, port: [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model),
+                                         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                                         "--log-level", "info"],
+    "vllm": lambda model, port: [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                                 "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+                                 "--max-model-len", "512"],
+}
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
+def server(tmp_path_factory, request):
+    import os
+
+    from hindsight.rollout.engines.vllm import cpu_environment
+
+    home = tmp_path_factory.mktemp(f"judge-{request.param}")
+    model = build_tiny_judge(home / "judge", heads=2, kv_heads=1)  # heads of 32: what vLLM's CPU attention takes
     port = _free_port()
-    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--device", "cpu", "--log-level", "info"]
-    with served(cmd, f"http://127.0.0.1:{port}/health", home, timeout=180):
+    env = {**os.environ, **cpu_environment(1.0)}  # vLLM's CPU build: its threads' CPUs, 1 GB of KV cache
+    with served(SERVERS[request.param](model, port), f"http://127.0.0.1:{port}/health", home, env=env, timeout=300):
         yield {"base_url": f"http://127.0.0.1:{port}/v1", "model": str(model), "log": home / "server.log"}
 
 
