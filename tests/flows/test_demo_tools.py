@@ -50,6 +50,26 @@ def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
     traced = _traces_hold_the_stored_trajectories(env["MLFLOW_TRACKING_URI"], policy.run_id,
                                                   tmp_path / "runs/demo-tools/rl")
     _the_traces_tab_shows_them(tmp_path, policy.run_id, traced)
+    _rl_again_on_vllms_engine(tmp_path, env, client)
+
+
+def _rl_again_on_vllms_engine(tmp_path: Path, env: dict, client) -> None:
+    """The RL stage of the same demo, from the same registered SFT, sampling its turns with vLLM's
+    own engine (its CPU build): the stored trajectories carry their turns and answered tool calls,
+    and the engine is checked against the learner after every weights push."""
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "rl", "-c", "demo-tools.yaml", *SMOKE,
+                          "--set", "rl.rollout.backend=vllm", "--set", "rl.rollout.vllm.dtype=float32",
+                          "--set", "rl.rollout.vllm.max_model_len=512", "--set", "run_dir=runs/demo-tools-vllm"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    files = sorted(glob.glob(str(tmp_path / "runs/demo-tools-vllm/rl/rollouts/*.parquet")))
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    assert len(rows) == 2 * 2 * 2 and all(json.loads(r["turns"])[0]["role"] == "assistant" for r in rows)
+    calls = [c for r in rows for t in json.loads(r["turns"]) for c in t.get("calls", [])]
+    assert calls and any(not c["error"] and c["result"] == str(sum(c["arguments"].values())) for c in calls), calls
+    policy = client.get_model_version_by_alias("demo-tools-policy", "latest")
+    gaps = client.get_metric_history(policy.run_id, "runtime/engine/probe_gap")
+    assert len(gaps) == 2 and all(0 <= m.value < 1e-3 for m in gaps), gaps
 
 
 def _the_traces_tab_shows_them(tmp_path: Path, run_id: str, trace) -> None:

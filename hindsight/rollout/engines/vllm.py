@@ -120,6 +120,7 @@ class VLLM(Engine):
     name = "vllm"
     Settings = VLLMSettings
     multi_turn = True
+    batches_groups = True  # a batch of groups in one call: vLLM schedules their requests together
     not_sampling = ("gpu_memory_utilization", "max_model_len", "dtype")  # as before the registry: resumable
 
     @classmethod
@@ -139,10 +140,9 @@ class VLLM(Engine):
         return {k.replace("publish/", "engine/", 1): v for k, v in self.engine.load_weights(policy).items()}
 
     def sample(self, prompts: list, seeds: list[int], group_size: int):
-        (prompt,), (seed,) = prompts, seeds  # one group a call: vLLM batches inside the engine
         r = self.ctx.rollout
-        return self.engine.generate(self.ctx.tok, [prompt], group_size, r.max_new_tokens, r.temperature, r.top_p,
-                                    seed=seed, stop_ids=self.ctx.stop_ids)
+        return self.engine.generate(self.ctx.tok, prompts, group_size, r.max_new_tokens, r.temperature, r.top_p,
+                                    seed=seeds, stop_ids=self.ctx.stop_ids)
 
     def close(self) -> None:
         self.engine.close()
@@ -208,18 +208,20 @@ class VLLMEngine:
         (out,) = self.llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)
         return [step[t].logprob for t, step in zip(ids[1:], out.prompt_logprobs[1:])]
 
-    def generate(self, tok, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
-                 top_p: float, seed: int, stop_ids: tuple[int, ...] = ()) -> Experience:
-        """Sample `group_size` completions per prompt; returns the same Experience as the hf backend."""
+    def generate(self, tok, prompts: list, group_size: int, max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int | list[int], stop_ids: tuple[int, ...] = ()) -> Experience:
+        """Sample `group_size` completions per prompt, prompt i's group from seed[i] (one seed: every
+        group from it), all in one call; returns the same Experience as the hf backend."""
         from vllm import SamplingParams
 
         from hindsight.data.chat import prompt_text
 
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         # every setting explicit, and the stop set the hf sampler uses: nothing from the checkpoint's
         # generation config (vLLM reads it only through get_default_sampling_params, not called here)
-        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, top_k=0, min_p=0.0,
-                                repetition_penalty=1.0, max_tokens=max_new_tokens, logprobs=0, seed=seed,
-                                stop_token_ids=list(stop_ids))
+        params = [SamplingParams(n=group_size, temperature=temperature, top_p=top_p, top_k=0, min_p=0.0,
+                                 repetition_penalty=1.0, max_tokens=max_new_tokens, logprobs=0, seed=s,
+                                 stop_token_ids=list(stop_ids)) for s in seeds]
         seqs = [tok(prompt_text(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
         outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         prompt_rows, completions, logprobs = [], [], []
