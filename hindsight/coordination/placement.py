@@ -259,7 +259,7 @@ class RayRolloutPool(_Pool):
 
     def dispatch(self, step: int, todo: list[GroupTask], tasks: list[GroupTask], version: int, store) -> None:
         """Lease every group of `todo` (among the round's `tasks`) until all are sealed."""
-        todo, self.step = list(tasks), step
+        todo, self.step = list(todo), step  # only what is left: a resumed step has sealed groups already
         while todo:  # a reassigned group is sampled in its own batch again
             shares = dict(leases(self.ledger, step, todo, tasks, list(self.actors), self.rl.rollout.groups_per_batch,
                                  self.deadline_s))

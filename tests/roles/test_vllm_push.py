@@ -63,13 +63,13 @@ def test_deltas_keep_the_engine_equal_and_a_lost_or_torn_one_brings_the_full_cop
 
     first = eng.load_weights(policy)
     assert first["publish/delta"] == 0.0 and _same_bits(eng, policy)
-    assert first["publish/exact_tensors"] >= 5 and first["publish/probe_gap"] < 0.25
+    assert first["publish/exact_tensors"] >= 5 and first["publish/probe_gap"] < 0.3
     full_bytes = first["publish/bytes"]
     ratios = []
     for _ in range(20):
         m = train_and_publish()
         assert m["publish/delta"] == 1.0 and m["publish/resent_full"] == 0.0 and _same_bits(eng, policy)
-        assert m["publish/probe_gap"] < 0.25
+        assert m["publish/probe_gap"] < 0.3
         ratios.append(m["publish/bytes"] / full_bytes)
     print(f"publish_bytes delta/full over 20 versions: {min(ratios):.4f}-{max(ratios):.4f}")
     assert 0 < max(ratios) < 0.1, ratios  # bf16: few elements move in a step at an RL learning rate
@@ -122,7 +122,7 @@ def test_an_engine_that_is_not_the_learner_stops_the_run_naming_the_version(engi
             p.add_(torch.randn_like(p) * 0.05)
     with pytest.raises(EngineWeightsDiffer, match=rf"weights version {eng.version}: .*probe differ"):
         eng.sender.verify(eng.version, policy)
-    assert eng.load_weights(policy)["publish/probe_gap"] < 0.25  # pushed: equal again
+    assert eng.load_weights(policy)["publish/probe_gap"] < 0.3  # pushed: equal again
 
 
 def test_a_lora_policy_goes_merged_and_the_engine_samples_it(engine):
@@ -144,5 +144,5 @@ def test_a_lora_policy_goes_merged_and_the_engine_samples_it(engine):
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
     m = eng.load_weights(policy)
-    assert m["publish/probe_gap"] < 0.25 and not any("lora" in k for k in _held(eng))
+    assert m["publish/probe_gap"] < 0.3 and not any("lora" in k for k in _held(eng))
     assert greedy() != before
