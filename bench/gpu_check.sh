@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One short GPU check (about 3-4 minutes on one H200): RL steps of a ~100M model built in code,
+# One short GPU check (about 4-5 minutes on one H200): the vLLM tests of tests/roles as CI runs them
+# on vLLM's CPU build, then RL steps of a ~100M model built in code,
 # with hf and with vllm rollouts, then vllm with rl.async.max_staleness 0 against 1, the FSDP2
 # learner over the visible GPUs (bf16, NCCL), and the vLLM push (outputs change after it). Installs
 # nothing from the network: run it where the project and its `.[vllm]` extra are already
@@ -11,4 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false TOKENIZERS_PARALLELISM=false HF_HU
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
   || echo "vllm is not importable: the vllm row will show the error"
+# the vLLM tests CI runs on vLLM's CPU build, unchanged, on the GPU's vLLM: the push, deltas, the
+# check inside the engine, LoRA, the decoding contract, the gap and the turn method
+python -m pytest -q -p no:cacheprovider tests/roles/test_vllm_push.py tests/roles/test_vllm_engine.py || true
 exec python bench/gpu_check.py
