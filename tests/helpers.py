@@ -53,13 +53,13 @@ class Guess:
         return ("higher" if not digits or int(digits[0]) < self.secret else "lower"), 0.0, False, False, {}
 
 
-def short_turn_model(folder):
-    """tiny://qwen2-tools taught to end its turns (`teach_short_turns`), saved in `folder`."""
+def short_turn_model(folder, name: str = "tiny://qwen2-tools"):
+    """tiny://qwen2-tools (or `name`) taught to end its turns (`teach_short_turns`), saved in `folder`."""
     from hindsight.models.load import load_causal_lm, load_tokenizer
     from hindsight.models.source import resolve_model_path
     from hindsight.models.tiny import teach_short_turns
 
-    path = resolve_model_path("tiny://qwen2-tools", Path(folder).parent / "models")
+    path = resolve_model_path(name, Path(folder).parent / "models")
     tok = load_tokenizer(path)
     teach_short_turns(load_causal_lm(path, "float32"), tok).save_pretrained(folder)
     tok.save_pretrained(folder)

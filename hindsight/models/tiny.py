@@ -176,13 +176,18 @@ def build_tiny_qwen2(out_dir: str | Path, hidden: int = 64, layers: int = 2, hea
 
 def build_tiny_qwen2_tools(out_dir: str | Path) -> Path:
     """`tiny://qwen2-tools`: tiny Qwen2 with Qwen2.5's tool-calling chat template (a wider and
-    deeper one, 128 x 4, copied operands no better after 4 SFT epochs: docs/status.md). Two
-    query heads over one key/value head: a head size of 32, the smallest vLLM's CPU attention
-    takes, so the multi-turn demos run on `rl.rollout.backend: vllm` too."""
+    deeper one, 128 x 4, copied operands no better after 4 SFT epochs: docs/status.md)."""
+    return build_tiny_qwen2(out_dir, hidden=64, layers=2, tools=True)
+
+
+def build_tiny_qwen2_tools_h32(out_dir: str | Path) -> Path:
+    """`tiny://qwen2-tools-h32`: the same with two query heads over one key/value head, a head size
+    of 32, the smallest vLLM's CPU attention takes: the multi-turn demos on `rl.rollout.backend: vllm`."""
     return build_tiny_qwen2(out_dir, hidden=64, layers=2, heads=2, kv_heads=1, tools=True)
 
 
-TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2, "qwen2-tools": build_tiny_qwen2_tools}  # tiny://NAME
+TINY = {"demo": build_tiny_model, "qwen2": build_tiny_qwen2, "qwen2-tools": build_tiny_qwen2_tools,
+        "qwen2-tools-h32": build_tiny_qwen2_tools_h32}  # tiny://NAME
 
 
 def build_tiny_judge(out_dir: str | Path, answer: str = "score: 1", steps: int = 150, seed: int = 0,

@@ -33,7 +33,7 @@ SERVERS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(SERVERS))
+@pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
 def server(tmp_path_factory, request):
     import os
 

@@ -153,6 +153,7 @@ def metric_history(ws, run_name_part: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_rl_samples_with_vllms_own_engine_and_checks_it_after_every_push(ws, staleness):
     """rl.rollout.backend: vllm, the real engine (its CPU build) on SmolLM2, through the CLI, in

@@ -1,14 +1,15 @@
 """vLLM's own engine (its CPU build) as hindsight's `vllm` backend samples, one float32 engine
-for the module, on tiny://qwen2-tools taught to end its turns: the decoding contract is the hf
-sampler's (the same prompt tokens from the chat template, the same stop tokens, nothing after a
-stop); the engine's log-probs of what it sampled agree with the learner's forward to
-round-off (the real engine-learner gap, logged as `offpolicy/*` in a run); and the turn method
-of multi-turn rollouts continues token ids, each row from its own seed."""
+for the module, on tiny://qwen2-tools-h32 (heads of 32, vLLM's CPU minimum) taught to end its
+turns: the decoding contract is the hf sampler's (the same prompt tokens from the chat template,
+the same stop tokens, nothing after a stop); the engine's log-probs of what it sampled agree with
+the learner's forward to round-off (the real engine-learner gap, logged as `offpolicy/*` in a
+run); and the turn method of multi-turn rollouts continues token ids, each row from its own seed."""
 import pytest
 import torch
 
 from tests.helpers import short_turn_model
 
+pytestmark = pytest.mark.vllm  # vLLM's engine: `make test` runs it in .venv-vllm
 CHAT = [[{"role": "user", "content": "What is 12 + 30?"}], [{"role": "user", "content": "Say hi."}]]
 
 
@@ -18,7 +19,7 @@ def setup(tmp_path_factory):
     from hindsight.rollout.decoding import end_token_ids
     from hindsight.rollout.engines.vllm import VLLMEngine
 
-    path = short_turn_model(tmp_path_factory.mktemp("vllm-engine") / "model")
+    path = short_turn_model(tmp_path_factory.mktemp("vllm-engine") / "model", "tiny://qwen2-tools-h32")
     tok, policy = load_tokenizer(path), load_causal_lm(path, "float32").eval()
     eng = VLLMEngine(path, "float32", 0, 0.5, 512)
     eng.load_weights(policy)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.vllm  # vLLM's engine: `make test` runs it in .venv-vllm
 
 
 @pytest.fixture(scope="module")

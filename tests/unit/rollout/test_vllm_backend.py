@@ -55,7 +55,8 @@ class StandInEngine:
 
     def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids=()):
         self.calls.append((group_size, max_new_tokens, temperature, top_p, seed, tuple(stop_ids)))
-        return sample_groups(self.model, tok, prompts, [seed] * len(prompts), group_size, max_new_tokens, temperature,
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)  # a seed a group, as the engine takes them
+        return sample_groups(self.model, tok, prompts, seeds, group_size, max_new_tokens, temperature,
                              top_p, logprobs="decode")
 
 
