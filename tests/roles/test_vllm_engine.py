@@ -84,3 +84,42 @@ def test_a_turn_continues_the_token_ids_each_row_from_its_own_seed(setup):
     for i, j in ((0, 1), (1, 0)):
         n = int(out_mask[i].sum())
         assert rev[j, :n].tolist() == out[i, :n].tolist() and int(rev_mask[j].sum()) == n
+
+
+def flat(completions, **_):  # no group carries signal: dynamic sampling samples every round it may
+    return [0.0 for _ in completions]
+
+
+def test_dynamic_sampling_draws_its_rounds_from_the_engine(tmp_path):
+    """The RL run with `rl.rollout.backend: vllm` (an engine of its own, float32) and DAPO's dynamic
+    sampling: further rounds of fresh prompts are sampled by the engine until the step's groups
+    carry signal, two steps train, and every push is checked (`engine/probe_gap` within 1e-3)."""
+    from hindsight.config import PipelineConfig
+    from hindsight.coordination.run import RLRun
+    from hindsight.data.demo import build_demo_data
+    from hindsight.models.tiny import build_tiny_model
+
+    build_demo_data(tmp_path / "data", seed=0)
+    init = str(build_tiny_model(tmp_path / "init", hidden=64, layers=1, heads=2))  # heads of 32
+    cfg = PipelineConfig.model_validate({
+        "name": "v", "run_dir": str(tmp_path / "run"),
+        "data": {"dir": str(tmp_path / "data"), "dvc_file": None, "prompts": str(tmp_path / "data/prompts.jsonl"),
+                 "eval": str(tmp_path / "data/eval.jsonl")},
+        "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 4, "learner": {"lr": 1e-2},
+               "dynamic_sampling": {"enabled": True, "max_rounds": 3},
+               "rollout": {"backend": "vllm", "max_new_tokens": 6, "vllm": {"dtype": "float32", "max_model_len": 256}},
+               "scoring": {"isolation": "inline", "rewards": [{"fn": "test_vllm_engine:flat"}]}}})
+    run = RLRun(cfg, init, None)
+    try:
+        rounds = []
+        for step in range(2):
+            _, sampled = run.rollout(step)
+            run.score(step)
+            run.update(step)
+            rounds.append(sampled["dynamic_sampling/rounds"])
+            assert 0 <= sampled["engine/probe_gap"] < 1e-3 and sampled["engine/exact_tensors"] >= 3
+        assert rounds == [3.0, 3.0], rounds  # the rounds after the first were sampled by the engine too
+        groups = {r["group"] for r in run.store.read("rollouts", 0)}
+        assert len(groups) > 3, groups  # the first round's 3 (prompts_per_step x oversample 1.5) and more
+    finally:
+        run.close()
