@@ -123,3 +123,42 @@ def test_dynamic_sampling_draws_its_rounds_from_the_engine(tmp_path):
         assert len(groups) > 3, groups  # the first round's 3 (prompts_per_step x oversample 1.5) and more
     finally:
         run.close()
+
+
+def test_a_ray_rollout_worker_samples_with_its_own_engine(tmp_path):
+    """`rl.workers.placement: ray` with `rl.rollout.backend: vllm`, through the CLI: the rollout
+    actor builds its engine in its own process (vLLM's engine core a process below it) and samples
+    both steps; the stored rows carry the engine's log-probs, within round-off of the learner's."""
+    import glob
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from hindsight.data.demo import build_demo_data
+
+    root = Path(__file__).resolve().parents[2]
+    build_demo_data(tmp_path / "data", seed=0)
+    cfg = {"name": "ray-vllm", "model": {"base": "tiny://demo"}, "sft": {"enabled": False},
+           "reward_model": {"enabled": False},
+           "data": {"dir": "data", "dvc_file": None, "build_demo": False, "prompts": "data/prompts.jsonl",
+                    "eval": "data/eval.jsonl"},
+           "rl": {"init": "tiny://demo", "steps": 2, "prompts_per_step": 2, "samples_per_prompt": 4,
+                  "workers": {"placement": "ray", "rollout": 1},
+                  "rollout": {"backend": "vllm", "max_new_tokens": 5,
+                              "vllm": {"dtype": "float32", "max_model_len": 256}},
+                  "scoring": {"rewards": [{"fn": "rewards.exact:exact_answer"}]}},
+           "eval": {"limit": 4}}
+    (tmp_path / "ray.yaml").write_text(json.dumps(cfg))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "rl", "-c", "ray.yaml"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [r for f in sorted(glob.glob(str(tmp_path / "runs/ray-vllm/rl/rollouts/*.parquet")))
+            for r in pq.read_table(f).to_pylist()]
+    assert len(rows) == 2 * 2 * 4 and {r["step"] for r in rows} == {0, 1}
+    gaps = [abs(a - b) for r in rows for a, b in zip(r["logprobs"], r["engine_logprobs"])]
+    assert gaps and max(gaps) < 1e-3  # the engine's own log-probs, against the learner's recompute
