@@ -22,14 +22,16 @@ SMALL = {"n_sft": 1000, "n_sft_guess": 1000}
 SMOKE = ["--smoke", "--set", "data.dvc_file=null"]  # the config's own smoke preset, as a user runs it
 
 
-def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
+def run_demo(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict]]:
+    """The tools demo's pipeline at smoke size through the CLI; (its env, the stored RL rows, each
+    checked: a trajectory's turns, the loss on the model's tokens only)."""
     for name in ("demo-tools.yaml", "demo_tools.py"):
         shutil.copy(ROOT / "configs" / name, tmp_path / name)
     build_tool_data(tmp_path / "data-tools", **SMALL)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-tools.yaml", *SMOKE],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-tools.yaml", *SMOKE,
+                          *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     files = sorted(glob.glob(str(tmp_path / "runs/demo-tools/rl/rollouts/*.parquet")))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
@@ -39,6 +41,11 @@ def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
         assert turns[0]["role"] == "assistant" and len(r["action_mask"]) == len(r["completion_ids"])
         for t in turns:
             assert set(r["action_mask"][t["start"]:t["end"]]) <= {1 if t["role"] == "assistant" else 0}
+    return env, rows
+
+
+def test_the_tools_demo_runs_sft_then_multi_turn_rl(tmp_path):
+    env, rows = run_demo(tmp_path)
     # after SFT on the traces the policy calls the tool, and the sandboxed tool answers
     calls = [c for r in rows for t in json.loads(r["turns"]) for c in t.get("calls", [])]
     assert calls and any(not c["error"] and c["result"] == str(sum(c["arguments"].values())) for c in calls), calls
@@ -59,25 +66,9 @@ def test_the_tools_demo_takes_its_turns_from_vllms_engine(tmp_path):
     build): every model turn is the engine's, the stored trajectories carry their turns with the
     loss on the model's tokens only, and the engine is checked against the learner after every
     weights push. (Whether a smoke-size SFT's calls parse is the hf test's; here, the engine.)"""
-    for name in ("demo-tools.yaml", "demo_tools.py"):
-        shutil.copy(ROOT / "configs" / name, tmp_path / name)
-    build_tool_data(tmp_path / "data-tools", **SMALL)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(ROOT),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    res = subprocess.run([sys.executable, "-m", "cli", "run", "pipeline", "-c", "demo-tools.yaml", *SMOKE,
-                          "--set", "rl.rollout.backend=vllm", "--set", "rl.rollout.vllm.dtype=float32",
-                          "--set", "rl.rollout.vllm.max_model_len=512",
-                          "--set", "model.base=tiny://qwen2-tools-h32"],  # heads of 32: vLLM's CPU minimum
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    files = sorted(glob.glob(str(tmp_path / "runs/demo-tools/rl/rollouts/*.parquet")))
-    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
-    assert len(rows) == 2 * 2 * 2
-    for r in rows:
-        turns = json.loads(r["turns"])
-        assert turns[0]["role"] == "assistant" and len(r["action_mask"]) == len(r["completion_ids"])
-        for t in turns:
-            assert set(r["action_mask"][t["start"]:t["end"]]) <= {1 if t["role"] == "assistant" else 0}
+    env, _ = run_demo(tmp_path, "--set", "rl.rollout.backend=vllm", "--set", "rl.rollout.vllm.dtype=float32",
+                      "--set", "rl.rollout.vllm.max_model_len=512",
+                      "--set", "model.base=tiny://qwen2-tools-h32")  # heads of 32: vLLM's CPU minimum
     client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
     policy = client.get_model_version_by_alias("demo-tools-policy", "latest")
     gaps = client.get_metric_history(policy.run_id, "runtime/engine/probe_gap")
