@@ -6,9 +6,9 @@ One engine stays resident for the whole RL stage, in vLLM's default layout: its 
 into it in place, never through disk and never restarting it: a bucket at a time through
 `LLM.collective_rpc` naming a method by its name (`hindsight_load_weights`, added to vLLM's
 worker by `rollout.engines.vllm_weights.WeightReceiver` through vLLM's `worker_extension_cls`), with
-plain tensors as arguments, which vLLM's own serializer carries across the process boundary.
-(A callable sent through `collective_rpc` needs pickling, which vLLM 0.33 refuses unless
-VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine's model is not reachable in this process.)
+safetensors bytes as arguments (vLLM decodes an RPC's arguments untyped: a tensor would arrive as
+a list). A callable sent through `collective_rpc` needs pickling, which vLLM refuses unless
+VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine's model is not reachable in this process.
 Log-probs come back from vLLM processed by temperature and top-p
 (`logprobs_mode="processed_logprobs"`); the RL stage recomputes the behaviour log-probs with
 the training model (the ratio's anchor) and keeps these for the off-policy correction. After
@@ -121,7 +121,8 @@ class VLLM(Engine):
     Settings = VLLMSettings
     multi_turn = True
     batches_groups = True  # a batch of groups in one call: vLLM schedules their requests together
-    not_sampling = ("gpu_memory_utilization", "max_model_len", "dtype")  # as before the registry: resumable
+    not_sampling = ("gpu_memory_utilization", "max_model_len", "dtype",  # as before the registry: resumable
+                    "cpu_kv_cache_gb", "check_weights", "probe_tolerance")
 
     @classmethod
     def problem(cls) -> str | None:

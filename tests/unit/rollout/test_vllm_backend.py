@@ -53,6 +53,9 @@ class StandInEngine:
         self.loads += 1
         return {"publish/probe_gap": 0.0}
 
+    def close(self):
+        self.closed = True
+
     def generate(self, tok, prompts, group_size, max_new_tokens, temperature, top_p, seed, stop_ids=()):
         self.calls.append((group_size, max_new_tokens, temperature, top_p, seed, tuple(stop_ids)))
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)  # a seed a group, as the engine takes them
