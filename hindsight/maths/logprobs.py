@@ -68,16 +68,13 @@ def keep_logits(model, keep: int | torch.Tensor) -> dict:
     prompt's are never read, and (B, L, V) is the largest tensor of the forward. transformers
     before 5.20 (what vLLM's CPU build pins) takes no mask: there a packed forward returns its
     whole (N, W, V) logits and `kept_rows` picks the kept ones."""
-    if "logits_to_keep" not in _forward_parameters(type(_innermost(model))):
-        return {}
-    if isinstance(keep, torch.Tensor) and keep.dim() == 2 and not _slices_masks():
-        return {}
-    return {"logits_to_keep": keep}
+    mask = isinstance(keep, torch.Tensor) and keep.dim() == 2
+    takes = "logits_to_keep" in _forward_parameters(type(_innermost(model))) and (not mask or _slices_masks())
+    return {"logits_to_keep": keep} if takes else {}
 
 
 @lru_cache(maxsize=None)
-def _slices_masks() -> bool:
-    """Whether the installed transformers slices logits by a boolean mask (`slice_logits_to_keep`, 5.20+)."""
+def _slices_masks() -> bool:  # transformers 5.20+ slices logits by a boolean mask
     import transformers.modeling_utils as modeling
 
     return hasattr(modeling, "slice_logits_to_keep")
