@@ -59,19 +59,29 @@ def verified(payload: WeightVersion) -> dict[str, torch.Tensor]:
     return payload.tensors
 
 
-def to_bytes(payload: WeightVersion) -> tuple[dict, bytes]:
-    """(a JSON header, safetensors bytes) for a byte stream; no pickle."""
+def tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """name -> tensor as safetensors bytes (what crosses a pipe or vLLM's RPC); no pickle."""
     from safetensors.torch import save
 
-    return {"version": payload.version, "sha256": payload.sha256, "base": payload.base}, save(payload.tensors)
+    return save({name: t.contiguous() for name, t in tensors.items()})
 
 
-def from_bytes(header: dict, data: bytes) -> WeightVersion:
+def bytes_tensors(data: bytes, version=None) -> dict[str, torch.Tensor]:
+    """`tensor_bytes`' inverse; torn or garbled bytes raise `CorruptWeights`."""
     from safetensors.torch import load
 
     try:
-        tensors = load(data)
+        return load(bytes(data))
     except Exception as exc:  # a torn or garbled message: the checksum cannot even be computed
-        raise CorruptWeights(f"weights version {header.get('version')}: unreadable ({type(exc).__name__})") from None
+        raise CorruptWeights(f"weights version {version}: unreadable ({type(exc).__name__})") from None
+
+
+def to_bytes(payload: WeightVersion) -> tuple[dict, bytes]:
+    """(a JSON header, safetensors bytes) for a byte stream; no pickle."""
+    return {"version": payload.version, "sha256": payload.sha256, "base": payload.base}, tensor_bytes(payload.tensors)
+
+
+def from_bytes(header: dict, data: bytes) -> WeightVersion:
+    tensors = bytes_tensors(data, header.get("version"))
     base = header.get("base")
     return WeightVersion(int(header["version"]), tensors, header.get("sha256"), base=None if base is None else int(base))

@@ -27,7 +27,7 @@ from hindsight.errors import StageError
 from hindsight.transport.base import WeightSender
 from hindsight.transport.delta import Publication
 from hindsight.transport.fingerprint import layout_fingerprints
-from hindsight.transport.payload import WeightVersion, checksum
+from hindsight.transport.payload import WeightVersion, checksum, tensor_bytes
 
 
 class EngineWeightsDiffer(StageError):
@@ -52,7 +52,7 @@ class VLLMSender(WeightSender):
             self._send_full(payload)
         else:
             why = [w for w in self.llm.collective_rpc("hindsight_apply_delta", args=(
-                payload.version, payload.base, payload.sha256, to_safetensors(payload.tensors))) if w]
+                payload.version, payload.base, payload.sha256, tensor_bytes(payload.tensors))) if w]
             if why:  # a torn delta, or an engine that missed a version: the full copy, now
                 full = self.publication.full()
                 self._send_full(full)
@@ -95,7 +95,7 @@ class VLLMSender(WeightSender):
     def _send_full(self, payload: WeightVersion) -> None:
         for bucket in weight_buckets(list(payload.tensors.items()), self.bucket_bytes):
             tensors = dict(bucket)
-            loaded = self.llm.collective_rpc("hindsight_load_weights", args=(to_safetensors(tensors), checksum(tensors)))
+            loaded = self.llm.collective_rpc("hindsight_load_weights", args=(tensor_bytes(tensors), checksum(tensors)))
             if any(n != len(bucket) for n in loaded):
                 raise StageError(f"vLLM loaded {loaded} of {len(bucket)} tensors of weights version {payload.version}"
                                  " (-1: the bucket failed its checksum)")
@@ -109,13 +109,6 @@ def weight_buckets(weights: list[tuple[str, torch.Tensor]], bucket_bytes: int) -
     """(name, tensor) pairs as CPU tensors in buckets of about `bucket_bytes` (`buckets.by_size`),
     the arguments of one `collective_rpc` each."""
     return [[(name, w.detach().to("cpu").contiguous()) for name, w in bucket] for bucket in by_size(weights, bucket_bytes)]
-
-
-def to_safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    """name -> CPU tensor as safetensors bytes, what crosses `collective_rpc`."""
-    from safetensors.torch import save
-
-    return save({name: t.contiguous() for name, t in tensors.items()})
 
 
 PROBE_TOKENS = 48

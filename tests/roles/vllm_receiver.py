@@ -7,9 +7,9 @@ from hindsight.rollout.engines.vllm_weights import WeightReceiver
 class TestReceiver(WeightReceiver):
     def readback_held(self) -> bytes:
         """The worker's copy as safetensors bytes (a returned tensor would cross vLLM's RPC untyped)."""
-        from hindsight.transport.vllm import to_safetensors
+        from hindsight.transport.payload import tensor_bytes
 
-        return to_safetensors(self._hindsight_held)
+        return tensor_bytes(self._hindsight_held)
 
     def tamper(self, name: str) -> str:
         """Add 1 to the first element of the engine's parameter `name`."""

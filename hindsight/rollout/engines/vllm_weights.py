@@ -162,10 +162,11 @@ class WeightReceiver:
 
 
 def _tensors(data: bytes) -> dict | None:
-    """safetensors bytes -> name -> CPU tensor, or None when they cannot be read."""
-    from safetensors.torch import load
+    """safetensors bytes -> name -> CPU tensor, or None when they cannot be read (refused like a
+    failed checksum)."""
+    from hindsight.transport.payload import CorruptWeights, bytes_tensors
 
     try:
-        return load(bytes(data))
-    except Exception:  # a torn or garbled message: refused like a failed checksum
+        return bytes_tensors(data)
+    except CorruptWeights:
         return None
